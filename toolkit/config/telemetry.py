@@ -72,7 +72,8 @@ class ReportConfig:
     idle_gap_factor: float = 5.0
     skip_first_steps: int = 1  # warm-up steps left out of the statistics
     plots: bool = True
-    max_plot_points: int = 2000  # per line; longer series are binned
+    max_plot_points: int = 500  # per line; longer series are binned
+    export: bool = True  # steps.csv, events.csv and trace.json
     sacct: bool = True  # join Slurm accounting when sacct is on PATH
 
     def __post_init__(self) -> None:

@@ -61,6 +61,18 @@ class _Table:
             value = row.get(col.name)
             self.rows[col.name].append(empty_value(col.dtype) if value is None else value)
 
+    def extend(self, columns: dict[str, Any]) -> None:
+        """Append many rows at once: column -> sequence (all the same length)."""
+        n = len(next(iter(columns.values())))
+        for col in self.spec.columns:
+            values = columns.get(col.name)
+            if values is None:
+                self.rows[col.name].extend([empty_value(col.dtype)] * n)
+            else:
+                self.rows[col.name].extend(
+                    list(values) if not isinstance(values, np.ndarray) else values
+                )
+
     @property
     def pending(self) -> int:
         return len(self.rows[self.spec.columns[0].name])
@@ -113,6 +125,9 @@ class NodeFileWriter:
     def append(self, table: str, row: dict[str, Any]) -> None:
         self.tables[table].append(row)
 
+    def extend(self, table: str, columns: dict[str, Any]) -> None:
+        self.tables[table].extend(columns)
+
     def flush(self) -> None:
         """Write every buffered row; a table that fails is logged and the others still go."""
         for name, table in self.tables.items():
@@ -131,5 +146,15 @@ class NodeFileWriter:
 
 
 def open_read(path: Path) -> h5py.File:
-    """Open a node file for reading, whether its writer is running, finished or killed."""
+    """Open a node file for reading, whether its writer is running, finished or killed.
+
+    A cleanly closed file opens normally (and a corrupt one fails at once); a file whose
+    writer is still running, or was killed, carries HDF5's "open for SWMR write" flag and is
+    opened as an SWMR reader. (SWMR readers retry failed metadata reads with back-off, so
+    trying the plain open first keeps a truncated finished file from stalling the report.)"""
+    try:
+        return h5py.File(path, "r", libver="latest")
+    except OSError as exc:
+        if "open for write" not in str(exc) and "consistency flags" not in str(exc):
+            raise
     return h5py.File(path, "r", libver="latest", swmr=True)
