@@ -113,10 +113,10 @@ def snapshot(run_dir: Path) -> Any:
 
 
 def watch(run_dir: Path, once: bool = False, refresh_s: float = 2.0) -> int:
+    import sys
+
     from rich.console import Console
     from rich.live import Live
-
-    import sys
 
     console = Console() if sys.stdout.isatty() else Console(width=160)
     if once:
