@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -162,3 +164,37 @@ def test_a_local_rerun_into_the_same_run_dir_gets_the_next_attempt_file(tmp_path
         "node-testnode-attempt0.h5",
         "node-testnode-attempt1.h5",
     ]
+
+
+def test_the_agent_flushes_and_stops_when_its_rank_dies_without_closing(tmp_path):
+    """Rank 0 crashes (os._exit, as the entrypoint does on failure): the agent notices its
+    parent is gone, writes what it received and exits."""
+    script = f"""
+import os, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from tests.telemetry.test_agent import agent_spec, record
+from pathlib import Path
+from toolkit.telemetry.sink import TelemetrySink, start_agent
+spec, cfg = agent_spec(Path({str(tmp_path)!r}), Path({str(tmp_path / "no-ib")!r}), ranks=(0,))
+agent = start_agent(spec, Path({str(tmp_path)!r}), "testnode")
+print(agent.pid, flush=True)
+sink = TelemetrySink(cfg, 0, spec["socket"], agent)
+for step in range(1, 11):
+    sink.write_step(record(0, step))
+sink.sender.flush(15)
+os._exit(1)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    agent_pid = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and Path(f"/proc/{agent_pid}").exists():
+        time.sleep(0.1)
+    log = (tmp_path / "logs" / "telemetry-testnode.log").read_text()
+    assert "parent rank process is gone" in log
+    node = load_node(node_files(tmp_path)[0])
+    try:
+        assert list(node.steps[0]["step"]) == list(range(1, 11))
+    finally:
+        node.close()

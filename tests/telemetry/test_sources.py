@@ -113,3 +113,25 @@ def test_host_source_reports_cpu_memory_and_interfaces():
     assert host["mem_total_bytes"] > 0 and 0 <= host["cpu_pct"] <= 100
     assert any(path.startswith("host/net/") for path in rows)
     assert {s.path for s in source.specs()} >= set(rows)
+
+
+class FlakyNvml(FakeNvml):
+    """Utilization reads start failing after the probe (a GPU that stops answering)."""
+
+    def __init__(self) -> None:
+        super().__init__(count=1)
+        self.utilization_calls = 0
+
+    def nvmlDeviceGetUtilizationRates(self, h: int):
+        self.utilization_calls += 1
+        if self.utilization_calls > 2:  # probe and column discovery succeed
+            raise self.NVMLError("Unknown Error")
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+
+def test_a_failing_nvml_call_leaves_a_gap_and_the_other_metrics_flow():
+    source = NvmlSource(FlakyNvml())
+    assert "utilization_gpu_pct" in [c.name for c in source.specs()[0].columns]
+    row = source.sample(1.0)["gpu/0"]
+    assert "utilization_gpu_pct" not in row  # written as NaN by the writer
+    assert row["power_w"] == pytest.approx(652.311)
