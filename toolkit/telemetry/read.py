@@ -19,37 +19,52 @@ from toolkit.telemetry.schema import FORMAT, telemetry_dir
 
 
 class Table:
+    """A group of equal-length columns. In a file still being written (SWMR) every column
+    is refreshed and the length is the shortest; in a finished file columns are opened only
+    when read (a report touches a few of ~30 GPU columns)."""
+
     def __init__(self, group: h5py.Group):
         self.group = group
         self.attrs = {k: _attr(v) for k, v in group.attrs.items()}
-        self.datasets = {k: v for k, v in group.items() if isinstance(v, h5py.Dataset)}
-        self.names = list(self.datasets)
+        self.names = list(group.keys())
+        self.datasets: dict[str, h5py.Dataset] = {}
         if group.file.swmr_mode:
-            for ds in self.datasets.values():
+            self.names = [n for n in self.names if isinstance(group[n], h5py.Dataset)]
+            for name in self.names:
+                ds = self.datasets[name] = group[name]
                 ds.refresh()  # see the writer's latest flush
-        self.length = min((ds.shape[0] for ds in self.datasets.values()), default=0)
+            self.length = min((d.shape[0] for d in self.datasets.values()), default=0)
+        else:
+            self.names = [n for n in self.names if group.get(n, getclass=True) is h5py.Dataset]
+            first = "time" if "time" in self.names else (self.names[0] if self.names else None)
+            self.length = self._dataset(first).shape[0] if first else 0
         self._cache: dict[str, np.ndarray] = {}
 
+    def _dataset(self, name: str) -> h5py.Dataset:
+        if name not in self.datasets:
+            self.datasets[name] = self.group[name]
+        return self.datasets[name]
+
     def __contains__(self, name: str) -> bool:
-        return name in self.datasets
+        return name in self.names
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._cache:
-            self._cache[name] = self.datasets[name][: self.length]
+            self._cache[name] = self._dataset(name)[: self.length]
         return self._cache[name]
 
     def get(self, name: str) -> np.ndarray | None:
-        return self[name] if name in self.datasets else None
+        return self[name] if name in self.names else None
 
     def tail(self, name: str, rows: int) -> np.ndarray:
         start = max(0, self.length - rows)
-        return self.datasets[name][start : self.length]
+        return self._dataset(name)[start : self.length]
 
     def units(self, name: str) -> str:
-        return _attr(self.datasets[name].attrs.get("units", ""))
+        return _attr(self._dataset(name).attrs.get("units", ""))
 
 
 def _attr(value: Any) -> Any:

@@ -38,13 +38,19 @@ def _figure(*args: Any, **kwargs: Any):
 def step_time_plot(
     series: dict[int, RankSeries], stragglers: set[int], t0: float, path: Path, max_points: int
 ) -> Path:
+    from matplotlib.collections import LineCollection
+
     plt, (fig, ax) = _figure(figsize=(11, 4.5))
+    others = []
     for r, s in series.items():
         x, y = _binned((s.columns["wall_time"] - t0) / 60.0, s.columns["step_time_s"], max_points)
         if r in stragglers:
             ax.plot(x, y, lw=1.2, label=f"rank {r} (straggler)", zorder=3)
         else:
-            ax.plot(x, y, lw=0.5, color="0.6", alpha=0.6)
+            others.append(np.column_stack([x, y]))
+    if others:  # one artist for all the ordinary ranks: fast to draw with 1000s of ranks
+        ax.add_collection(LineCollection(others, linewidths=0.5, colors="0.6", alpha=0.6))
+        ax.autoscale_view()
     ax.set_xlabel("minutes since start")
     ax.set_ylabel("step time (s)")
     ax.set_title(f"Step time per rank ({len(series)} ranks; stragglers in colour)")
@@ -54,7 +60,7 @@ def step_time_plot(
     if stragglers:
         ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.9)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -106,7 +112,7 @@ def gpu_heatmap(run: RunData, t0: float, t1: float, path: Path, bins: int = 300)
     step = max(1, len(labels) // 40)
     axes[0].set_yticks(np.arange(len(labels))[::step] + 0.5)
     axes[0].set_yticklabels(labels[::step], fontsize=6)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.09, right=0.99, bottom=0.08, top=0.93, wspace=0.08)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -125,14 +131,23 @@ def throughput_plot(
         s = series[min(series)]
         for attempt in np.unique(s.attempt):
             sel = s.attempt == attempt
-            x, y = _binned(
-                (s.columns["wall_time"][sel] - t0) / 60.0,
-                s.columns["tokens_per_s"][sel],
-                max_points,
-            )
-            ax.plot(x, y, lw=0.8, label=f"tokens/s (attempt {attempt})")
+            t = s.columns["wall_time"][sel]
+            y = s.columns["tokens_per_s"][sel]
+            # Break the line where steps stop (stall, gap) instead of drawing across.
+            limit = max(5.0, 5 * float(np.median(np.diff(t)))) if len(t) > 1 else 5.0
+            cuts = np.nonzero(np.diff(t) > limit)[0] + 1
+            color = None
+            for i, (ts, ys) in enumerate(zip(np.split(t, cuts), np.split(y, cuts), strict=True)):
+                points = max(10, max_points * len(ts) // max(1, len(t)))
+                bx, by = _binned((ts - t0) / 60.0, ys, points)
+                label = f"tokens/s (attempt {attempt})" if i == 0 else None
+                (line,) = ax.plot(bx, by, lw=0.8, label=label, color=color)
+                color = line.get_color()
     seen = set()
+    spans = {}  # the same checkpoint/preemption seen by every rank: draw it once
     for e in events:
+        spans.setdefault((e["name"], round(e["start"]), round(e["end"])), e)
+    for e in spans.values():
         x0, x1 = (e["start"] - t0) / 60.0, (e["end"] - t0) / 60.0
         if is_blocking_checkpoint(e):
             kind, color = "checkpoint stall", "tab:orange"
@@ -161,7 +176,7 @@ def throughput_plot(
     ax.set_title("Throughput with checkpoints, preemptions, restarts and idle gaps")
     ax.legend(loc="lower left", fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.9)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
