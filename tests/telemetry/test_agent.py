@@ -198,3 +198,26 @@ os._exit(1)
         assert list(node.steps[0]["step"]) == list(range(1, 11))
     finally:
         node.close()
+
+
+def test_sigterm_flushes_at_once_and_keeps_recording_until_the_ranks_close(tmp_path):
+    """Slurm SIGTERMs every process of the step at preemption: the agent writes what it has
+    right away, then still records the ranks' last steps until they close."""
+    spec, cfg = agent_spec(tmp_path, tmp_path / "no-ib", ranks=(0,))
+    spec["config"]["flush_interval_s"] = 600.0  # no periodic flush during the test
+    agent = start_agent(spec, tmp_path, "testnode")
+    sink = TelemetrySink(cfg, 0, spec["socket"], agent)
+    for step in range(1, 6):
+        sink.write_step(record(0, step))
+    assert sink.sender.flush(timeout_s=15)
+    time.sleep(0.5)  # let the agent take them in
+    agent.send_signal(signal.SIGTERM)
+    assert wait_for_rows(tmp_path, "steps/rank0", 5, timeout_s=10) == 5
+    sink.write_event(Event("preemption", 2000.0, 2000.0, 5, 0, {"signal": "SIGTERM"}))
+    sink.close()  # goodbye: the agent writes the event and exits
+    assert agent.returncode == 0
+    node = load_node(node_files(tmp_path)[0])
+    try:
+        assert [e["name"] for e in node.events] == ["preemption"]
+    finally:
+        node.close()

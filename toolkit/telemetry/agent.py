@@ -43,6 +43,10 @@ from toolkit.telemetry.transport import Receiver
 log = logging.getLogger("toolkit.telemetry.agent")
 
 GOODBYE_GRACE_S = 3.0  # after the parent rank's goodbye, wait this long for the others
+# On SIGTERM (Slurm signals every process of the step at preemption or time limit) the agent
+# flushes at once, then keeps recording the ranks' last steps and events for this long, or
+# until they close or die, whichever comes first.
+TERM_GRACE_S = 20.0
 AGENT_COLUMNS = [
     TIME,
     Column("sample_duration_s", "f4", "s"),
@@ -116,6 +120,8 @@ class Agent:
         self.stop_reason: str | None = None
         self.goodbyes: set[int] = set()
         self.goodbye_deadline: float | None = None
+        self.term_requested = False  # set by the SIGTERM handler (which does nothing else)
+        self.terminated_at: float | None = None
         self.messages = 0
         self.unknown_ranks: set[int] = set()
         directory = telemetry_dir(Path(spec.run_dir))
@@ -185,7 +191,10 @@ class Agent:
                     next_sample += interval
                     if next_sample <= now:  # fell behind: skip, never burst
                         next_sample = now + interval
-                if now >= next_flush:
+                first_term = self.term_requested and self.terminated_at is None
+                if first_term:
+                    self.terminated_at = now
+                if now >= next_flush or first_term:
                     self.flush(now)
                     next_flush = now + self.cfg.flush_interval_s
                 self.check_stop(now)
@@ -273,6 +282,8 @@ class Agent:
             self.stop_reason = f"parent rank closed; no goodbye from ranks {missing}"
         elif os.getppid() != self.spec.parent_pid:
             self.stop_reason = "parent rank process is gone"
+        elif self.terminated_at is not None and now - self.terminated_at >= TERM_GRACE_S:
+            self.stop_reason = f"SIGTERM {TERM_GRACE_S:.0f} s ago"
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # best effort
@@ -296,8 +307,8 @@ def main() -> int:
     sources, absent = open_sources(TelemetryConfig(**spec.config))
     agent = Agent(spec, sources, absent, receiver)
 
-    def on_term(signum: int, _frame: Any) -> None:
-        agent.stop_reason = f"signal {signum}"
+    def on_term(_signum: int, _frame: Any) -> None:
+        agent.term_requested = True  # the loop flushes at once and starts the grace period
 
     signal.signal(signal.SIGTERM, on_term)
     agent.run()
