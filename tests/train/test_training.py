@@ -136,3 +136,15 @@ def test_compiled_blocks_train(tmp_path, tiny) -> None:
     result = launch(*tiny, "parallel.compile=true", f"hydra.run.dir={tmp_path}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(losses(tmp_path)) == 8
+
+
+def test_detached_launch_returns_at_once_and_the_run_completes(tmp_path, tiny) -> None:
+    started = time.time()
+    result = launch(*tiny, "launch.detach=true", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert "detached" in result.stdout
+    assert time.time() - started < 15
+    deadline = time.time() + 120
+    while not (tmp_path / "summary.json").exists() and time.time() < deadline:
+        time.sleep(0.5)
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 8
