@@ -1,0 +1,147 @@
+"""Compose the job config with Hydra and turn Hydra/OmegaConf failures into one-line errors."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.utils import setup_globals
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
+
+from toolkit.config.errors import ConfigError
+from toolkit.config.job import GROUPS, JobConfig
+from toolkit.config.store import register_configs
+
+
+def conf_dir() -> Path:
+    """The YAML tree: $TOOLKIT_CONF_DIR, else conf/ beside the toolkit package."""
+    override = os.environ.get("TOOLKIT_CONF_DIR")
+    return Path(override) if override else Path(__file__).resolve().parents[2] / "conf"
+
+
+def group_options(group: str) -> list[str]:
+    """The selectable options of a config group (YAML files, schemas excluded)."""
+    folder = conf_dir() / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def compose_raw(overrides: list[str]) -> DictConfig:
+    """Hydra composition with the hydra node kept (run/sweep dirs, runtime choices)."""
+    register_configs()
+    setup_globals()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as exc:
+        raise ConfigError(explain(exc, overrides)) from None
+
+
+def to_job(cfg: DictConfig) -> JobConfig:
+    """The typed job config (hydra node dropped, interpolations resolved)."""
+    cfg = copy.deepcopy(cfg)
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        job = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(JobConfig), plain))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(explain(exc, [])) from None
+    assert isinstance(job, JobConfig)
+    return job
+
+
+def job_to_dict(job: JobConfig) -> dict[str, Any]:
+    return dataclasses.asdict(job)
+
+
+def load_job(path: str | os.PathLike) -> JobConfig:
+    """Read a resolved config.yaml written by the launcher back into a JobConfig."""
+    cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.load(path))
+    job = OmegaConf.to_object(cfg)
+    assert isinstance(job, JobConfig)
+    return job
+
+
+def _schema_fields(key: str) -> list[str] | None:
+    group = key.split(".")[0]
+    schema = GROUPS.get(group)
+    if schema is None:
+        return [f.name for f in dataclasses.fields(JobConfig)]
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def explain(exc: BaseException, overrides: list[str]) -> str:
+    """One line: the field, the bad value, what is allowed."""
+    if exc.__cause__ is not None and isinstance(exc.__cause__, OmegaConfBaseException):
+        exc = exc.__cause__
+    msg = str(exc)
+    if isinstance(exc, MissingConfigException) or "Could not find" in msg:
+        m = re.search(r"Could not (?:find|load) '([\w/]+)'", msg) or re.search(
+            r"'([\w]+)/(\w+)'", msg
+        )
+        target = m.group(1) if m else ""
+        group, _, option = target.rpartition("/")
+        if group in GROUPS or group == "experiment":
+            allowed = ", ".join(group_options(group))
+            return f"{group}={option}: no such option in group '{group}'; allowed: {allowed}"
+        return f"config error: {msg.splitlines()[0]}"
+    full_key = _full_key(exc, msg)
+    value = _override_value(full_key, overrides)
+    if re.search(r"Key '[^']+' not in", msg) or type(exc).__name__ in (
+        "ConfigKeyError",
+        "ConfigAttributeError",
+    ):
+        fields = _schema_fields(full_key or "")
+        leaf = (full_key or "").rsplit(".", 1)[-1]
+        section = (full_key or "").rsplit(".", 1)[0] if "." in (full_key or "") else "the job"
+        return (
+            f"{full_key}: unknown key '{leaf}' in {section}; valid keys: {', '.join(fields or [])}"
+        )
+    if (
+        "could not be converted" in msg
+        or "Value '" in msg
+        or "ValidationError" in type(exc).__name__
+    ):
+        expected = _expected_type(msg)
+        return f"{full_key}={value}: wrong type; expected {expected}"
+    first = next((line for line in msg.splitlines() if line.strip()), msg)
+    return f"config error: {first}"
+
+
+def _full_key(exc: BaseException, msg: str) -> str | None:
+    key = getattr(exc, "full_key", None)
+    if key:
+        return str(key)
+    m = re.search(r"full_key:\s*(\S+)", msg)
+    if m:
+        return m.group(1)
+    m = re.search(r"Could not override '([^']+)'", msg)
+    if m:
+        return m.group(1)
+    m = re.search(r"Key '([^']+)'", msg)
+    return m.group(1) if m else None
+
+
+def _override_value(key: str | None, overrides: list[str]) -> str:
+    for item in overrides:
+        name, sep, value = item.lstrip("+~").partition("=")
+        if sep and name == key:
+            return value
+    return "?"
+
+
+def _expected_type(msg: str) -> str:
+    m = re.search(r"could not be converted to (\w+)", msg)
+    if m:
+        return m.group(1).lower()
+    m = re.search(r"to type\s+'?(\w+)", msg)
+    return m.group(1).lower() if m else "a value of the schema's type"

@@ -1,0 +1,13 @@
+"""How the launcher behaves once the job is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class LaunchConfig:
+    detach: bool = False  # return right after submission
+    dry_run: bool = False  # print what would be submitted; submit nothing
+    follow: bool = True  # stream rank 0's output until the job ends
+    kill_grace_s: float = 5.0  # after one rank fails, SIGTERM the rest, SIGKILL after this

@@ -1,0 +1,14 @@
+"""Numeric precision, mapped onto FSDP2's MixedPrecisionPolicy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+    param_dtype: str = "float32"  # dtype of all-gathered parameters used in compute
+    reduce_dtype: str = "float32"  # dtype of gradient reduce-scatter
+
+    DTYPES = ("float32", "bfloat16", "float16")

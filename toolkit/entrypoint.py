@@ -1,0 +1,91 @@
+"""What every rank runs: `python -m toolkit.entrypoint RUN_DIR`.
+
+Reads the resolved config the launcher wrote into RUN_DIR, discovers its place in the job
+from the environment, joins the process group, runs the task, cleans up. A rank that fails
+logs its traceback (to stderr and RUN_DIR/logs/error-rank<k>.txt) and exits 1 at once, so the
+executor can end the job instead of leaving other ranks waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+import traceback
+from pathlib import Path
+
+# task name -> "module:function(job, env, run_dir, device)"; imported lazily.
+TASKS: dict[str, str] = {
+    "train": "toolkit.train.task:run",
+}
+
+
+def resolve_task(name: str):
+    module, _, func = TASKS[name].partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def setup_logging(rank: int, run_dir: Path) -> None:
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(
+        f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s", "%H:%M:%S"
+    )
+    root = logging.getLogger()
+    root.handlers.clear()
+    root.setLevel(logging.INFO)
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(fmt)
+    console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    file = logging.FileHandler(logs / f"rank{rank}.log")
+    file.setFormatter(fmt)
+    root.addHandler(console)
+    root.addHandler(file)
+
+
+def run_rank(run_dir: Path) -> int:
+    from toolkit.config.compose import load_job
+    from toolkit.distributed.env import discover
+    from toolkit.distributed.init import init_distributed, shutdown_distributed
+    from toolkit.runinfo import write_snapshot
+
+    env = discover()
+    setup_logging(env.rank, run_dir)
+    log = logging.getLogger("toolkit.entrypoint")
+    try:
+        job = load_job(run_dir / "config.yaml")
+        device = init_distributed(env, job.nccl.timeout_s)
+        if env.is_rank0:
+            write_snapshot(run_dir / "env.json")
+            log.info(
+                "world %d (%s), device %s, run dir %s", env.world_size, env.source, device, run_dir
+            )
+        resolve_task(job.task)(job, env, run_dir, device)
+    except BaseException as exc:  # noqa: BLE001 - every failure must surface with its rank
+        text = traceback.format_exc()
+        log.error("rank %d failed: %s: %s\n%s", env.rank, type(exc).__name__, exc, text)
+        try:
+            (run_dir / "logs" / f"error-rank{env.rank}.txt").write_text(text)
+        finally:
+            logging.shutdown()
+        code = (
+            exc.code
+            if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code
+            else 1
+        )
+        os._exit(code)  # do not wait for peers or background threads
+    shutdown_distributed()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m toolkit.entrypoint RUN_DIR", file=sys.stderr)
+        return 2
+    return run_rank(Path(args[0]).resolve())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Ranks as local processes, supervised: one failing rank ends the job within seconds.
+
+Environment per rank is torchrun-style (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...).
+Rank 0 writes to this terminal; every other rank to RUN_DIR/logs/rank<k>.{out,err}.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from toolkit.config.validate import tasks_per_node
+from toolkit.distributed.env import free_port
+from toolkit.executors import PreparedRun, repo_root
+
+POLL_S = 0.1
+
+
+def rank_env(rank: int, world: int, port: int, run_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        GROUP_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TOOLKIT_JOB_ID=f"local-{os.getpid()}",
+        PYTHONPATH=os.pathsep.join(p for p in (str(repo_root()), env.get("PYTHONPATH")) if p),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class LocalExecutor:
+    def run(self, runs: list[PreparedRun]) -> int:
+        worst = 0
+        for i, run in enumerate(runs):
+            if len(runs) > 1:
+                print(
+                    f"[{i + 1}/{len(runs)}] {' '.join(run.overrides)} -> {run.run_dir}", flush=True
+                )
+            if run.job.launch.dry_run:
+                print(self.describe(run))
+                continue
+            if run.job.launch.detach:
+                worst = max(worst, self.detach(run))
+                continue
+            code = self.run_one(run)
+            if len(runs) > 1:
+                print(
+                    f"[{i + 1}/{len(runs)}] {'ok' if code == 0 else f'FAILED (exit {code})'}",
+                    flush=True,
+                )
+            worst = max(worst, code)
+        return worst
+
+    def describe(self, run: PreparedRun) -> str:
+        n = tasks_per_node(run.job.cluster)
+        return f"would start {n} local ranks: {sys.executable} -m toolkit.entrypoint {run.run_dir}"
+
+    def detach(self, run: PreparedRun) -> int:
+        """Hand the supervision to a background process of its own and return."""
+        logs = run.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / "supervisor.out", "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "toolkit.executors.local", str(run.run_dir)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=rank_env(0, 1, 0, run.run_dir) | {"RANK": "", "WORLD_SIZE": ""},
+            )
+        print(f"detached: supervisor pid {proc.pid}; logs in {logs}", flush=True)
+        return 0
+
+    def run_one(self, run: PreparedRun, follow: bool | None = None) -> int:
+        job = run.job
+        follow = job.launch.follow if follow is None else follow
+        world = tasks_per_node(job.cluster)
+        port = job.cluster.master_port or free_port()
+        logs = run.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        procs: list[subprocess.Popen] = []
+        files = []
+        for rank in range(world):
+            if rank == 0 and follow:
+                out, err = None, None
+            else:
+                out = open(logs / f"rank{rank}.out", "ab")  # noqa: SIM115
+                err = open(logs / f"rank{rank}.err", "ab")  # noqa: SIM115
+                files += [out, err]
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "toolkit.entrypoint", str(run.run_dir)],
+                    env=rank_env(rank, world, port, run.run_dir),
+                    stdout=out,
+                    stderr=err,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+        try:
+            code, failed = self._supervise(procs, job.launch.kill_grace_s)
+        except KeyboardInterrupt:
+            self._terminate(procs, job.launch.kill_grace_s)
+            print("interrupted: all ranks stopped", file=sys.stderr)
+            return 130
+        finally:
+            for f in files:
+                f.close()
+        if failed is not None:
+            report = tail(logs / f"error-rank{failed}.txt") or tail(logs / f"rank{failed}.err")
+            print(
+                f"rank {failed} failed with exit code {code}; the job was stopped.", file=sys.stderr
+            )
+            if report:
+                print(f"--- rank {failed} (tail) ---\n{report}", file=sys.stderr)
+        return code
+
+    def _supervise(self, procs: list[subprocess.Popen], grace_s: float) -> tuple[int, int | None]:
+        while True:
+            alive = False
+            for rank, p in enumerate(procs):
+                code = p.poll()
+                if code is None:
+                    alive = True
+                elif code != 0:
+                    self._terminate(procs, grace_s)
+                    return (code if code > 0 else 128 - code), rank
+            if not alive:
+                return 0, None
+            time.sleep(POLL_S)
+
+    @staticmethod
+    def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + grace_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Detached supervision: `python -m toolkit.executors.local RUN_DIR`."""
+    from toolkit.config.compose import load_job
+
+    run_dir = Path((argv or sys.argv[1:])[0]).resolve()
+    job = load_job(run_dir / "config.yaml")
+    return LocalExecutor().run_one(PreparedRun(job, run_dir, []), follow=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

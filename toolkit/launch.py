@@ -1,0 +1,128 @@
+"""`python -m toolkit.launch [-m] [--cfg job] [OVERRIDE ...]`: compose, validate, prepare the
+run directories, pick the executor, submit, follow.
+
+Configuration is composed by Hydra from conf/ (every group backed by a dataclass schema);
+`-m` expands sweep overrides (`model=a,b trainer.micro_batch_size=2,4`) with Hydra's own
+parser into one run per combination, all handed to the executor at once (one Slurm array).
+Bad input exits 2 before any rank starts, one line per problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from toolkit.config.compose import compose_raw, job_to_dict, to_job
+from toolkit.config.errors import ConfigError
+from toolkit.config.validate import validate
+from toolkit.executors import PreparedRun, get_executor
+
+USAGE = """python -m toolkit.launch [-m] [--cfg job] [OVERRIDE ...]
+
+  OVERRIDE   Hydra override: group=option (model=gpt_125m), key=value (trainer.steps=50),
+             +key=value to add, hydra.run.dir=PATH for the run directory.
+  -m         multirun: comma-separated values sweep (model=gpt_tiny,gpt_small).
+  --cfg job  print the resolved job config and exit.
+"""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.launch", usage=USAGE, add_help=True)
+    parser.add_argument("-m", "--multirun", action="store_true")
+    parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None)
+    parser.add_argument("overrides", nargs="*")
+    return parser.parse_args(argv)
+
+
+def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
+    if not multirun:
+        return [overrides]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception as exc:  # noqa: BLE001 - Hydra raises its own parse errors
+        raise ConfigError(f"cannot parse overrides: {str(exc).splitlines()[0]}") from None
+    batches = BasicSweeper.split_arguments(parsed, None)
+    return [combo for batch in batches for combo in batch]
+
+
+def prepare(overrides_list: list[list[str]], multirun: bool) -> tuple[list[PreparedRun], list]:
+    runs: list[PreparedRun] = []
+    cfgs = []
+    sweep_dir: Path | None = None
+    for index, overrides in enumerate(overrides_list):
+        cfg = compose_raw(overrides)
+        job = to_job(cfg)
+        if multirun:
+            if sweep_dir is None:
+                sweep_dir = Path(str(cfg.hydra.sweep.dir)).resolve()
+            run_dir = sweep_dir / str(index)
+        else:
+            run_dir = Path(str(cfg.hydra.run.dir)).resolve()
+        job.run_dir = str(run_dir)
+        validate(job)
+        runs.append(PreparedRun(job=job, run_dir=run_dir, overrides=overrides))
+        cfgs.append(cfg)
+    return runs, cfgs
+
+
+def write_run_dir(run: PreparedRun, choices: dict) -> None:
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(OmegaConf.create(job_to_dict(run.job)), run.run_dir / "config.yaml")
+    OmegaConf.save(
+        OmegaConf.create({"overrides": run.overrides, "choices": choices}),
+        run.run_dir / "launch.yaml",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            runs, cfgs = prepare(expand(args.overrides, args.multirun), args.multirun)
+        for w in caught:
+            print(f"warning: {w.message}", file=sys.stderr)
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    if args.cfg:
+        for run, cfg in zip(runs, cfgs, strict=True):
+            if args.cfg in ("hydra", "all"):
+                print(OmegaConf.to_yaml(cfg.hydra))
+            if args.cfg in ("job", "all"):
+                print(OmegaConf.to_yaml(OmegaConf.create(job_to_dict(run.job))))
+        return 0
+
+    from toolkit.train.data import prepare as prepare_data
+
+    for run, cfg in zip(runs, cfgs, strict=True):
+        choices = (
+            OmegaConf.to_container(cfg.hydra.runtime.choices) if "runtime" in cfg.hydra else {}
+        )
+        if not run.job.launch.dry_run:
+            write_run_dir(run, choices)
+            prepare_data(run.job.data, run.job.model.num_series)  # once, before any rank starts
+    kinds = {run.job.cluster.kind for run in runs}
+    if len(kinds) != 1:
+        print(
+            f"error: cluster: one sweep must use one executor, got {sorted(kinds)}", file=sys.stderr
+        )
+        return 2
+    try:
+        return get_executor(kinds.pop()).run(runs)
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

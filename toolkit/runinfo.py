@@ -1,0 +1,89 @@
+"""What a run directory records about where and how it ran."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def redact_env(environ: dict[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if SECRET.search(k) else v) for k, v in sorted(environ.items())}
+
+
+def git_state(repo: Path) -> dict[str, Any]:
+    def run(*args: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", "-C", str(repo), *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    sha = run("rev-parse", "HEAD")
+    status = run("status", "--porcelain", "--untracked-files=no")
+    return {"sha": sha, "dirty": bool(status) if status is not None else None}
+
+
+def torch_versions() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        info["nccl"] = (
+            ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+        )
+    except Exception:  # noqa: BLE001 - NCCL missing from a CPU build
+        info["nccl"] = None
+    info["cuda_devices"] = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available()
+        else []
+    )
+    return info
+
+
+def packages() -> list[str]:
+    """`pip freeze` without a subprocess: name==version of every installed distribution."""
+    return sorted(
+        {
+            f"{d.metadata['Name']}=={d.version}"
+            for d in metadata.distributions()
+            if d.metadata["Name"]
+        }
+    )
+
+
+def snapshot() -> dict[str, Any]:
+    return {
+        "time": time.time(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version,
+        "executable": sys.executable,
+        "argv": sys.argv,
+        "git": git_state(Path(__file__).resolve().parents[1]),
+        **torch_versions(),
+        "packages": packages(),
+        "environment": redact_env(dict(os.environ)),
+    }
+
+
+def write_snapshot(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(snapshot(), indent=2, sort_keys=True))

@@ -1,0 +1,249 @@
+"""Training data: memory-mapped sources and a deterministic, resumable batch schedule.
+
+The global batch of step `s` is a function of (seed, s) alone: `global_batch` window starts
+drawn from a generator seeded with (seed, split, s). Rank r takes, for micro-step m, the
+slice [(m * world + r) * micro, +micro). So the data a step sees does not depend on the
+world size (resharding keeps the data position exact), and resuming at step s needs only s.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from toolkit.config.data import DataConfig
+
+SPLITS = {"train": 0, "val": 1}
+
+
+class Source(Protocol):
+    """Windows of a 1-D (tokens) or 2-D ([time, series]) array."""
+
+    def __len__(self) -> int: ...
+
+    def window(self, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@dataclass
+class ArraySource:
+    """Inputs are array[s : s+L], targets array[s+1 : s+L+1]. Tokens become int64, series float32."""
+
+    array: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.array)
+
+    def window(self, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = starts[:, None] + np.arange(seq_len + 1)[None, :]
+        chunk = np.asarray(self.array[idx])
+        if chunk.dtype == np.uint8:
+            chunk = chunk.astype(np.int64)
+        t = torch.from_numpy(chunk)
+        return t[:, :-1], t[:, 1:]
+
+
+@dataclass
+class SyntheticTokens:
+    """Uniform random tokens, generated from the window starts (deterministic, no I/O)."""
+
+    vocab_size: int
+    length: int = 1 << 30
+
+    def __len__(self) -> int:
+        return self.length
+
+    def window(self, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = np.random.default_rng(starts.astype(np.uint64))
+        t = torch.from_numpy(rng.integers(0, self.vocab_size, (len(starts), seq_len + 1)))
+        return t[:, :-1], t[:, 1:]
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def builtin_corpus(cache_dir: str) -> Path:
+    """English prose shipped with every CPython: the documentation topics of `pydoc_data`
+    (~0.7 MB). Written once as raw bytes into the cache; no download."""
+    import pydoc_data.topics as topics
+    import sys
+
+    path = (
+        Path(cache_dir).expanduser()
+        / f"corpus-pydoc-{sys.version_info[0]}.{sys.version_info[1]}.txt"
+    )
+    if not path.exists():
+        text = "\n\n".join(topics.topics[key] for key in sorted(topics.topics))
+        _atomic_write(path, text.encode("utf-8"))
+    return path
+
+
+def synthetic_returns(
+    cache_dir: str, num_series: int, length: int = 200_000, seed: int = 1234
+) -> Path:
+    """A factor model with predictable structure: r_t = B f_t + e_t, f_t = 0.6 f_{t-1} + u_t,
+    so the next step is partly forecastable from the past (MSE can fall below the variance)."""
+    path = Path(cache_dir).expanduser() / f"returns-synthetic-{num_series}x{length}-{seed}.npy"
+    if path.exists():
+        return path
+    rng = np.random.default_rng(seed)
+    num_factors = max(1, num_series // 8)
+    loadings = rng.normal(0, 1, (num_series, num_factors)).astype(np.float32)
+    factors = np.zeros((length, num_factors), dtype=np.float32)
+    shocks = rng.normal(0, 1, (length, num_factors)).astype(np.float32)
+    for t in range(1, length):
+        factors[t] = 0.6 * factors[t - 1] + shocks[t]
+    noise = rng.normal(0, 0.5, (length, num_series)).astype(np.float32)
+    returns = factors @ loadings.T / np.sqrt(num_factors) + noise
+    returns /= returns.std(axis=0, keepdims=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy")
+    os.close(fd)
+    np.save(tmp, returns.astype(np.float32))
+    os.replace(tmp, path)
+    return path
+
+
+def prepare(cfg: DataConfig, num_series: int = 0) -> Path | None:
+    """Create whatever files the data needs (the launcher calls this once, before ranks start)."""
+    if cfg.kind == "text":
+        return Path(cfg.path).expanduser() if cfg.path else builtin_corpus(cfg.cache_dir)
+    if cfg.kind == "returns":
+        return (
+            Path(cfg.path).expanduser()
+            if cfg.path
+            else synthetic_returns(cfg.cache_dir, num_series)
+        )
+    return None
+
+
+def open_sources(cfg: DataConfig, vocab_size: int, num_series: int) -> dict[str, Source]:
+    """Memory-map the data and split it: the last val_fraction is the validation set."""
+    if cfg.kind == "synthetic":
+        return {"train": SyntheticTokens(vocab_size), "val": SyntheticTokens(vocab_size, 1 << 20)}
+    path = prepare(cfg, num_series)
+    assert path is not None
+    if not path.exists():
+        raise FileNotFoundError(f"data.path={path}: no such file")
+    if cfg.kind == "text":
+        array = np.memmap(path, dtype=np.uint8, mode="r")
+    else:
+        array = np.load(path, mmap_mode="r")
+        if array.ndim != 2 or array.shape[1] != num_series:
+            raise ValueError(
+                f"data.path={path}: shape {array.shape}, expected [time, {num_series}] "
+                f"(model.num_series={num_series})"
+            )
+    split = int(len(array) * (1 - cfg.val_fraction))
+    if split <= cfg.seq_len + 1 or len(array) - split <= cfg.seq_len + 1:
+        raise ValueError(
+            f"data.path={path}: {len(array)} items is too short for seq_len={cfg.seq_len}"
+        )
+    return {"train": ArraySource(array[:split]), "val": ArraySource(array[split:])}
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    seed: int
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+    world_size: int
+    rank: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.world_size
+
+    def starts(self, source_len: int, split: str, step: int) -> np.ndarray:
+        """Window starts of the whole global batch of `step`."""
+        rng = np.random.default_rng([self.seed, SPLITS[split], step])
+        return rng.integers(0, source_len - self.seq_len - 1, size=self.global_batch_size)
+
+    def micro_batches(
+        self, source: Source, split: str, step: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        starts = self.starts(len(source), split, step)
+        out = []
+        for m in range(self.grad_accum):
+            lo = (m * self.world_size + self.rank) * self.micro_batch_size
+            out.append(source.window(starts[lo : lo + self.micro_batch_size], self.seq_len))
+        return out
+
+
+class Loader:
+    """Yields (step, micro-batches) from `start_step` on. A daemon thread prepares `prefetch`
+    steps ahead; threads never receive signals, so preemption handling stays in the main thread."""
+
+    def __init__(self, source: Source, plan: BatchPlan, prefetch: int = 2, split: str = "train"):
+        self.source = source
+        self.plan = plan
+        self.prefetch = prefetch
+        self.split = split
+        self.next_step = 0
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def state_dict(self) -> dict[str, int]:
+        return {"next_step": self.next_step, "seed": self.plan.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.close()
+        self.next_step = int(state["next_step"])
+
+    def _produce(self, first: int) -> None:
+        step = first
+        while not self._stop.is_set():
+            try:
+                item = (step, self.plan.micro_batches(self.source, self.split, step))
+            except BaseException as exc:  # noqa: BLE001 - hand the error to the training thread
+                item = (step, exc)
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            step += 1
+
+    def __iter__(self) -> Iterator[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]]:
+        return self
+
+    def __next__(self) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+        if self.prefetch <= 0:
+            step = self.next_step
+            self.next_step += 1
+            return step, self.plan.micro_batches(self.source, self.split, step)
+        if self._thread is None:
+            self._stop.clear()
+            self._queue = queue.Queue(maxsize=self.prefetch)
+            self._thread = threading.Thread(
+                target=self._produce, args=(self.next_step,), name="data-prefetch", daemon=True
+            )
+            self._thread.start()
+        step, batches = self._queue.get()
+        if isinstance(batches, BaseException):
+            raise batches
+        self.next_step = step + 1
+        return step, batches
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+            self._queue = None

@@ -1,0 +1,65 @@
+"""The transformer block shared by every model here (pre-norm, causal attention, GELU MLP)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(x).split(dim, dim=2)
+        shape = (batch, seq, self.num_heads, dim // self.num_heads)
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc = nn.Linear(dim, hidden, bias=False)
+        self.proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """One transformer layer. `activation_checkpointing` recomputes it in backward; the
+    state-dict keys stay the same either way (checkpoints move between settings)."""
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, eps: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=eps)
+        self.attn = CausalSelfAttention(dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = MLP(dim, int(dim * mlp_ratio))
+        self.activation_checkpointing = False
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, use_reentrant=False)
+        return self._forward(x)
+
+
+def init_weights(module: nn.Module, std: float, num_layers: int) -> None:
+    """GPT-2 initialisation: normal(0, std); residual projections scaled by 1/sqrt(2L)."""
+    for name, p in module.named_parameters():
+        if p.dim() < 2:
+            continue
+        scale = (2 * num_layers) ** -0.5 if name.endswith("proj.weight") else 1.0
+        nn.init.normal_(p, mean=0.0, std=std * scale)

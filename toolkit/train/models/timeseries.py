@@ -1,0 +1,47 @@
+"""Causal transformer over multivariate returns: reads [batch, time, series] and predicts the
+next step of every series; trained with mean squared error."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from toolkit.config.model import ModelConfig
+from toolkit.train.models.blocks import Block, init_weights
+
+
+class TimeSeriesTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.inp = nn.Linear(cfg.num_series, cfg.dim)
+        self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.dim)
+        self.blocks = nn.ModuleList(
+            Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, cfg.norm_eps)
+            for _ in range(cfg.num_layers)
+        )
+        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.num_series)
+
+    def reset_parameters(self) -> None:
+        init_weights(self, self.cfg.init_std, self.cfg.num_layers)
+        for m in self.modules():
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                nn.init.zeros_(m.bias)
+            if isinstance(m, nn.LayerNorm):
+                m.reset_parameters()
+
+    def forward(self, series: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        positions = torch.arange(series.shape[1], device=series.device)
+        x = self.inp(series) + self.pos_emb(positions)
+        for block in self.blocks:
+            x = block(x)
+        pred = self.head(self.norm(x))
+        if targets is None:
+            return pred
+        return F.mse_loss(pred.float(), targets.float())
+
+    @property
+    def embedding_params(self) -> int:
+        return self.pos_emb.weight.numel()

@@ -1,0 +1,125 @@
+"""`task=train`: the composition root. Builds each component from its own config and runs
+the loop. This is the only place that sees the whole job config inside a rank."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from toolkit.config.job import JobConfig
+from toolkit.config.validate import micro_batch_size
+from toolkit.distributed.env import DistEnv
+from toolkit.distributed.fsdp import build_mesh, parallelize
+from toolkit.train.data import BatchPlan, Loader, open_sources
+from toolkit.train.flops import flops_per_token
+from toolkit.train.loop import Hook, Trainer
+from toolkit.train.metrics import ConsoleSink, Fanout, JsonlSink, Sink
+from toolkit.train.models import build_model
+from toolkit.train.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger(__name__)
+
+
+def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
+    sinks: list[Sink] = [JsonlSink(run_dir / "metrics", env.rank)]
+    if env.is_rank0:
+        sinks.append(ConsoleSink(job.trainer.steps, 0, job.trainer.log_every, job.trainer.progress))
+    return sinks
+
+
+def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
+    """Checkpointing, telemetry and preemption attach here."""
+    return []
+
+
+def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
+    torch.manual_seed(job.seed)
+    model = build_model(job.model)
+    if job.parallel.meta_init:
+        model = model.to("meta")
+    else:
+        model.reset_parameters()  # on CPU, before sharding: identical for every world size
+    mesh = build_mesh(job.parallel, device.type)
+    model = parallelize(model, mesh, job.parallel, job.precision)
+    if job.parallel.meta_init:
+        model.to_empty(device=device)
+        torch.manual_seed(job.seed + env.rank)
+        model.reset_parameters()
+    else:
+        model.to(device)
+
+    world = dist.get_world_size()
+    plan = BatchPlan(
+        seed=job.seed,
+        seq_len=job.data.seq_len,
+        micro_batch_size=micro_batch_size(job, world),
+        grad_accum=job.trainer.grad_accum,
+        world_size=world,
+        rank=env.rank,
+    )
+    sources = open_sources(job.data, job.model.vocab_size, job.model.num_series)
+    loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)
+    val_plan = BatchPlan(job.seed, job.data.seq_len, plan.micro_batch_size, 1, world, env.rank)
+    val_loader = Loader(sources["val"], val_plan, prefetch=0, split="val")
+
+    optimizer = build_optimizer(model, job.optim)
+    scheduler = build_scheduler(optimizer, job.optim, job.trainer.steps)
+    sink = Fanout(build_sinks(job, env, run_dir))
+    trainer = Trainer(
+        job.trainer,
+        model,
+        optimizer,
+        scheduler,
+        loader,
+        sink,
+        device=device,
+        flops_per_token=flops_per_token(job.model, job.data.seq_len),
+        peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
+        val_loader=val_loader,
+        grad_clip=job.optim.grad_clip,
+    )
+    trainer.hooks = build_hooks(job, env, run_dir, sink)
+    return trainer
+
+
+def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> dict[str, Any]:
+    trainer = build_trainer(job, env, run_dir, device)
+    try:
+        summary = trainer.fit()
+    finally:
+        trainer.sink.close()
+    summary["run_dir"] = str(run_dir)
+    if env.is_rank0:
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        print_summary(summary)
+    return summary
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="run summary", show_header=False)
+    rows = [
+        ("steps", f"{s['steps']} ({s['stop_reason']})"),
+        ("time", f"{s['time_s']:.1f} s"),
+        (
+            "loss",
+            f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}"
+            if s["final_loss"] is not None
+            else "-",
+        ),
+        ("val loss", f"{s['val_loss']:.4f}" if s["val_loss"] is not None else "-"),
+        ("median tokens/s", f"{s['median_tokens_per_s']:,.0f}"),
+        ("median MFU", f"{100 * s['median_mfu']:.2f}%"),
+        ("peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB"),
+        ("run dir", s["run_dir"]),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
