@@ -5,6 +5,7 @@ reader, docs and tests."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import typing
 from dataclasses import dataclass, field
@@ -104,7 +105,8 @@ def events_spec() -> TableSpec:
 
 
 def node_name() -> str:
-    return socket.gethostname().split(".")[0]
+    """Slurm's name for this node when in a job (SLURMD_NODENAME), else the short hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def node_file_name(node: str, attempt: int) -> str:
