@@ -106,6 +106,85 @@ def size(minutes: float) -> dict:
     return out
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def costs(seconds: float) -> dict:
+    import dataclasses
+
+    from toolkit.config.telemetry import TelemetryConfig
+    from toolkit.telemetry.sink import TelemetrySink, start_agent
+    from toolkit.telemetry.transport import socket_path
+    from toolkit.train.metrics import StepRecord
+
+    def record(rank: int, step: int) -> StepRecord:
+        return StepRecord(
+            step,
+            time.time(),
+            0.1,
+            0.001,
+            0.08,
+            0.019,
+            2.5,
+            1.0,
+            3e-4,
+            65536,
+            655360.0,
+            0.41,
+            1 << 34,
+            rank,
+        )
+
+    out: dict = {"seconds": seconds}
+    with tempfile.TemporaryDirectory() as tmp:
+        for interval in (1.0, 0.1):
+            run_dir = Path(tmp) / f"i{interval}"
+            cfg = TelemetryConfig(interval_s=interval)
+            path = socket_path(run_dir, "bench", "1", 0)
+            spec = {
+                "run_dir": str(run_dir),
+                "node": "bench",
+                "attempt": 0,
+                "job_id": "1",
+                "node_rank": 0,
+                "ranks": list(range(8)),
+                "world_size": 8,
+                "num_nodes": 1,
+                "socket": path,
+                "parent_pid": os.getpid(),
+                "config": dataclasses.asdict(cfg),
+                "versions": {},
+                "nccl_env": {},
+            }
+            agent = start_agent(spec, run_dir, "bench")
+            sinks = [TelemetrySink(cfg, r, path, agent if r == 0 else None) for r in range(8)]
+            time.sleep(3.0)  # agent started: imports, file created
+            cpu0, t0 = _cpu_seconds(agent.pid), time.monotonic()
+            step, per_call = 0, []
+            while time.monotonic() - t0 < seconds:
+                step += 1
+                for sink in sinks:
+                    c0 = time.perf_counter()
+                    sink.write_step(record(sink.rank, step))
+                    per_call.append(time.perf_counter() - c0)
+                time.sleep(0.1)
+            cpu = _cpu_seconds(agent.pid) - cpu0
+            wall = time.monotonic() - t0
+            for sink in reversed(sinks):  # the agent's owner (rank 0) last, as in a real run
+                sink.close()
+            out[f"interval_{interval}s"] = {
+                "agent_cpu_s_per_wall_s": cpu / wall,
+                "write_step_median_us": 1e6 * statistics.median(per_call),
+                "write_step_p99_us": 1e6 * sorted(per_call)[int(0.99 * len(per_call))],
+                "records": len(per_call),
+                "file_bytes": sum(p.stat().st_size for p in (run_dir / "telemetry").glob("*.h5")),
+            }
+            print(json.dumps(out[f"interval_{interval}s"]), flush=True)
+    return out
+
+
 def report_speed(reps: int) -> dict:
     from toolkit.config.telemetry import ReportConfig
     from toolkit.telemetry.report.build import build_report
@@ -141,13 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--minutes", type=float, default=60.0)
     r = sub.add_parser("report")
     r.add_argument("--reps", type=int, default=3)
-    for p in (o, s, r):
+    c = sub.add_parser("costs")
+    c.add_argument("--seconds", type=float, default=30.0)
+    for p in (o, s, r, c):
         p.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.what == "overhead":
         result = overhead(args.reps, args.steps)
     elif args.what == "size":
         result = size(args.minutes)
+    elif args.what == "costs":
+        result = costs(args.seconds)
     else:
         result = report_speed(args.reps)
     text = json.dumps(result, indent=2)

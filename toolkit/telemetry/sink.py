@@ -73,9 +73,6 @@ class TelemetrySink:
 
     def close(self) -> None:
         try:
-            self.sender.send(
-                {"kind": "goodbye", "rank": self.rank, "owner": self.agent is not None}
-            )
             if not self.sender.flush(self.cfg.close_timeout_s):
                 log.warning(
                     "telemetry: %d records of rank %d not delivered to the node agent",
@@ -88,6 +85,10 @@ class TelemetrySink:
                     self.rank,
                     self.sender.dropped,
                 )
+            # Goodbye last, best effort: the agent stops once every local rank said it.
+            goodbye = {"kind": "goodbye", "rank": self.rank, "owner": self.agent is not None}
+            self.sender.send(goodbye)
+            self.sender.flush(min(1.0, self.cfg.close_timeout_s))
             self.sender.close()
             if self.agent is not None:
                 stop_agent(self.agent, self.cfg.close_timeout_s)
