@@ -27,6 +27,50 @@ def _job_summary(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+PARSABLE_FIELDS = ("JobID", "JobName", "State", "ElapsedRaw", "NodeList", "AllocNodes")
+
+
+def _parsable(
+    exe: str, job_id: str, json_proc: subprocess.CompletedProcess
+) -> tuple[dict[str, Any] | None, str]:
+    try:
+        proc = subprocess.run(
+            [exe, "-j", job_id, "-X", "-P", "-n", "-o", ",".join(PARSABLE_FIELDS)],
+            capture_output=True,
+            text=True,
+            timeout=SACCT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"sacct failed: {type(exc).__name__}: accounting skipped"
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or json_proc.stderr.strip().splitlines() or ["?"])[
+            0
+        ]
+        return None, f"sacct exited {proc.returncode} ({why[:200]}): accounting skipped"
+    jobs = []
+    for line in proc.stdout.splitlines():
+        values = dict(zip(PARSABLE_FIELDS, line.split("|"), strict=False))
+        if not values.get("JobID"):
+            continue
+        jobs.append(
+            {
+                "job_id": values["JobID"],
+                "name": values.get("JobName"),
+                "state": values.get("State"),
+                "elapsed_s": int(values["ElapsedRaw"])
+                if values.get("ElapsedRaw", "").isdigit()
+                else None,
+                "requeues": None,  # not in sacct's parsable fields
+                "nodes": values.get("NodeList"),
+                "exit_code": None,
+            }
+        )
+    if not jobs:
+        return None, f"sacct knows no job {job_id}"
+    return {"jobs": jobs}, f"sacct (parsable): {len(jobs)} record(s) for job {job_id}"
+
+
 def sacct(job_id: str) -> tuple[dict[str, Any] | None, str]:
     """(accounting summary or None, a note saying what happened)."""
     if not job_id or not job_id.split("_")[0].isdigit():
@@ -44,13 +88,12 @@ def sacct(job_id: str) -> tuple[dict[str, Any] | None, str]:
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"sacct failed: {type(exc).__name__}: accounting skipped"
-    if proc.returncode != 0:
-        why = (proc.stderr.strip().splitlines() or ["no message"])[0]
-        return None, f"sacct exited {proc.returncode} ({why[:200]}): accounting skipped"
     try:
-        jobs = json.loads(proc.stdout).get("jobs", [])
+        jobs = json.loads(proc.stdout).get("jobs", []) if proc.returncode == 0 else None
     except ValueError:
-        return None, "sacct printed no JSON (Slurm older than 21.08?): accounting skipped"
+        jobs = None
+    if jobs is None:  # no --json (Slurm < 21.08, or no JSON plugin): the parsable form
+        return _parsable(exe, job_id, proc)
     if not jobs:
         return None, f"sacct knows no job {job_id}"
     summaries = [_job_summary(j) for j in jobs]
