@@ -78,10 +78,6 @@ def write_csv(
     return {"steps_csv": str(steps_path), "events_csv": str(events_path)}
 
 
-def _num(x: float) -> str:
-    return f"{x:.3f}"
-
-
 def write_trace(
     run: RunData, series: dict[int, RankSeries], events: list[dict[str, Any]], path: Path
 ) -> Path:
@@ -116,11 +112,15 @@ def write_trace(
         dur = s.columns["step_time_s"] * 1e6
         wait = np.nan_to_num(s.columns["data_wait_s"], nan=0.0)
         node_pids = [pid[n] for n in s.node_of_row.tolist()]
+        step_line = (
+            '{"ph":"X","name":"step","cat":"step","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,'
+            '"args":{"step":%d,"data_wait_s":%.6f}}'
+        )
         lines.extend(
-            f'{{"ph":"X","name":"step","cat":"step","pid":{pp},"tid":{r},"ts":{_num(a)},'
-            f'"dur":{_num(d)},"args":{{"step":{int(k)},"data_wait_s":{w:.6f}}}}}'
-            for pp, a, d, k, w in zip(
+            step_line % row
+            for row in zip(
                 node_pids,
+                [r] * len(s),
                 ts.tolist(),
                 dur.tolist(),
                 s.columns["step"].tolist(),
@@ -159,11 +159,15 @@ def write_trace(
         util = np.nanmean([t["utilization_gpu_pct"][:length] for t in tables], axis=0)
         power = np.nansum([t["power_w"][:length] for t in tables if "power_w" in t], axis=0)
         p = pid[n.node]
+        keep = np.isfinite(util) & np.isfinite(power)
+        counter_line = (
+            '{"ph":"C","name":"gpu","pid":%d,"ts":%.3f,"args":{"util_pct":%.1f,"power_w":%.0f}}'
+        )
         lines.extend(
-            f'{{"ph":"C","name":"gpu","pid":{p},"ts":{_num((t - t0) * 1e6)},'
-            f'"args":{{"util_pct":{u:.1f},"power_w":{w:.0f}}}}}'
-            for t, u, w in zip(times.tolist(), util.tolist(), power.tolist(), strict=True)
-            if np.isfinite(u) and np.isfinite(w)
+            counter_line % (p, (t - t0) * 1e6, u, w)
+            for t, u, w in zip(
+                times[keep].tolist(), util[keep].tolist(), power[keep].tolist(), strict=True
+            )
         )
     with open(path, "w") as f:
         f.write(
