@@ -21,9 +21,9 @@ FORMAT_VERSION = 1
 TELEMETRY_DIR = "telemetry"
 
 # Event names with a meaning for the report. Checkpoint events may carry attrs["phase"]:
-# "staging" and "stall" block training; "write" (background) does not.
+# "staging" and "stall" block training; "write" (background) does not (see
+# toolkit.telemetry.report.analysis.is_blocking_checkpoint).
 CHECKPOINT = "checkpoint"
-BLOCKING_CHECKPOINT_PHASES = ("staging", "stall", "save")
 PREEMPTION = "preemption"
 RESTART = "restart"
 EVAL = "eval"

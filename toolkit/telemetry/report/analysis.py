@@ -351,14 +351,5 @@ def attribute_time(series: dict[int, RankSeries], events: list[dict[str, Any]]) 
     return Attribution(cats)
 
 
-def throughput_timeline(series: dict[int, RankSeries]) -> tuple[np.ndarray, np.ndarray]:
-    """(end time, tokens/s) per step, on the lowest rank (tokens/s is job-wide)."""
-    if not series:
-        return np.array([]), np.array([])
-    ref = min(series)  # the lowest rank sets the clock
-    s = series[ref]
-    return s.columns["wall_time"], s.columns["tokens_per_s"]
-
-
 def median_or_nan(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
