@@ -22,12 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 PLAN = dict(
     nodes=8,
     gpus_per_node=4,
-    duration_s=900.0,
+    duration_s=600.0,
     straggler_rank=13,
-    idle_gap_at_s=400.0,
+    idle_gap_at_s=250.0,
     idle_gap_s=60.0,
-    checkpoint_every_s=300.0,
-    restart_at_s=700.0,
+    checkpoint_every_s=200.0,
+    restart_at_s=450.0,
 )
 
 
@@ -68,7 +68,7 @@ def test_the_planted_idle_gap_is_found_and_the_restart_explained(report):
     unexplained = [g for g in report.idle_gaps if g.explanation.startswith("unexplained")]
     assert len(unexplained) == 1
     gap = unexplained[0]
-    assert gap.start == pytest.approx(T0 + 400.0, abs=2.0)
+    assert gap.start == pytest.approx(T0 + 250.0, abs=2.0)
     assert gap.duration_s == pytest.approx(60.0, abs=2.0)
     assert len(gap.ranks) == 32
     restarts = [g for g in report.idle_gaps if g.explanation.startswith("restart")]
@@ -78,7 +78,7 @@ def test_the_planted_idle_gap_is_found_and_the_restart_explained(report):
 def test_time_is_attributed_to_compute_data_checkpoint_and_idle(report):
     seconds = report.attribution.seconds
     assert seconds["compute"] > seconds["data_wait"] > 0
-    assert seconds["checkpoint_stall"] == pytest.approx(2 * 4.0 * 32)  # stalls at 300 and 600 s
+    assert seconds["checkpoint_stall"] == pytest.approx(2 * 4.0 * 32)  # stalls at 200 and 400 s
     assert seconds["idle_other"] >= 60.0 * 32
     assert seconds["restart_downtime"] == pytest.approx(60.0 * 32, rel=0.1)
     assert sum(report.attribution.shares().values()) == pytest.approx(1.0)
