@@ -79,10 +79,31 @@ def run_rank(run_dir: Path) -> int:
     return 0
 
 
+def compose(overrides: list[str]) -> int:
+    """`--compose OVERRIDE...`: in a batch script, prepare the run dir and print its path."""
+    from toolkit.config.errors import ConfigError
+    from toolkit.launch import prepare_in_allocation
+
+    try:
+        run_dir = prepare_in_allocation(overrides, dict(os.environ))
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    print(run_dir)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--compose"]:
+        return compose(args[1:])
     if len(args) != 1:
-        print("usage: python -m toolkit.entrypoint RUN_DIR", file=sys.stderr)
+        print(
+            "usage: python -m toolkit.entrypoint RUN_DIR\n"
+            "       python -m toolkit.entrypoint --compose [OVERRIDE ...]  (in a batch script)",
+            file=sys.stderr,
+        )
         return 2
     return run_rank(Path(args[0]).resolve())
 

@@ -22,7 +22,13 @@ from submitit.core.utils import FailedJobError
 
 from toolkit.config.validate import tasks_per_node
 from toolkit.executors import PreparedRun, repo_root
-from toolkit.executors.slurm_jobs import JobState, failed_task, job_states, unreachable_reason
+from toolkit.executors.slurm_jobs import (
+    JobState,
+    cancel,
+    failed_task,
+    job_states,
+    unreachable_reason,
+)
 from toolkit.executors.slurm_sbatch import Submission, log_path, plan
 
 POLL_S = 0.5
@@ -61,12 +67,30 @@ class SlurmExecutor:
         try:
             job_ids = submit(submission, runs)
         except FailedJobError as exc:
-            message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            lines = [
+                line.strip().removeprefix("sbatch: error:").strip()
+                for line in str(exc).splitlines()
+            ]
+            message = "; ".join(line for line in lines if line)
             print(f"error: sbatch rejected the job: {message}", file=sys.stderr)
             return 1
         describe(submission, runs, job_ids, tasks_per_node(cluster))
         if launch.detach:
             return 0
+        try:
+            return self._follow(submission, runs, job_ids)
+        except NeverRuns as exc:
+            cancel(exc.job_id.split("_")[0])
+            print(
+                f"error: Slurm accepted job {exc.job_id} but it can never run as requested "
+                f"(pending reason {exc.reason}); cancelled it",
+                file=sys.stderr,
+            )
+            return 1
+
+    @staticmethod
+    def _follow(submission: Submission, runs: list[PreparedRun], job_ids: list[str]) -> int:
+        launch = runs[0].job.launch
         try:
             if len(runs) == 1:
                 return follow_job(submission.folder, job_ids[0], runs[0].run_dir, launch.follow)
@@ -126,6 +150,12 @@ def describe(submission: Submission, runs: list[PreparedRun], job_ids: list[str]
     print(f"  logs: {submission.folder}/<job>_<rank>_log.out|err", flush=True)
 
 
+class NeverRuns(Exception):
+    def __init__(self, job_id: str, reason: str):
+        super().__init__(f"{job_id}: {reason}")
+        self.job_id, self.reason = job_id, reason
+
+
 class _Tail:
     """Copies what is appended to a file onto a stream."""
 
@@ -153,6 +183,9 @@ def wait(job_id: str, on_poll=None) -> dict[str, JobState]:
             on_poll(states)
         if states and all(s.final for s in states.values()):
             return states
+        for name, state in states.items():
+            if state.never_runs:
+                raise NeverRuns(name, state.reason)
         time.sleep(POLL_S)
 
 
