@@ -242,15 +242,17 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
 
 
 def failing_rank(folder: Path, job_id: str, run_dir: Path) -> int | None:
-    """The rank that failed first: from its error-rank<k>.txt, else from srun's report."""
-    ranks = sorted(
-        int(p.stem.removeprefix("error-rank"))
+    """The rank that failed first: as srun reported it, else the oldest error-rank<k>.txt
+    (peers of a failed rank often fail too, a moment later, in their next collective)."""
+    reported = failed_task(_tail(log_path(folder, job_id, 0, "err"), 200))
+    if reported is not None:
+        return reported
+    errors = [
+        (p.stat().st_mtime, int(p.stem.removeprefix("error-rank")))
         for p in (run_dir / "logs").glob("error-rank*.txt")
         if p.stem.removeprefix("error-rank").isdigit()
-    )
-    if ranks:
-        return ranks[0]
-    return failed_task(_tail(log_path(folder, job_id, 0, "err"), 200))
+    ]
+    return min(errors)[1] if errors else None
 
 
 def report_failure(folder: Path, job_id: str, run_dir: Path, state: JobState) -> None:
