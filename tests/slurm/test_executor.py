@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from toolkit.config.compose import load_job
+from toolkit.executors.slurm_sbatch import plan
 from toolkit.train.metrics import read_steps
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -141,18 +143,22 @@ def test_one_failing_rank_fails_the_whole_job_fast(slurm_cluster, tmp_path):
     assert "injected failure at step 2" in proc.stderr
 
 
-def test_detach_returns_after_submission(slurm_cluster, tmp_path):
+def test_detach_returns_after_submission_even_in_an_awkward_run_dir(slurm_cluster, tmp_path):
+    run_dir = tmp_path / "runs with spaces" / 'it\'s "quoted" $HOME'
+    hydra_dir = "'" + str(run_dir).replace("'", "\\'") + "'"
     proc = launch(
-        slurm_cluster, *TINY, "cluster=slurm", "launch.detach=true", f"hydra.run.dir={tmp_path}"
+        slurm_cluster, *TINY, "cluster=slurm", "launch.detach=true", f"hydra.run.dir={hydra_dir}"
     )
     assert proc.returncode == 0, proc.stderr
     assert "submitted Slurm job" in proc.stdout
-    job_id = json.loads((tmp_path / "slurm.json").read_text())["job_id"]
-    waited = slurm_cluster.run("scontrol", "show", "job", job_id)
-    assert waited.returncode == 0
-    # Follow it to the end again with the executor's own follower.
+    record = json.loads((run_dir / "slurm.json").read_text())
+    # What was submitted is exactly what launch.dry_run=true prints for this run.
+    job = load_job(run_dir / "config.yaml")
+    submitted = Path(record["sbatch_script"]).read_text()
+    assert submitted == plan(job.cluster, [run_dir], REPO_ROOT).script()
+    # Follow it to the end with the executor's own follower.
     follow = subprocess.run(
-        [sys.executable, "-m", "toolkit.executors.slurm", str(tmp_path)],
+        [sys.executable, "-m", "toolkit.executors.slurm", str(run_dir)],
         cwd=REPO_ROOT,
         env=slurm_cluster.env,
         capture_output=True,
@@ -161,7 +167,7 @@ def test_detach_returns_after_submission(slurm_cluster, tmp_path):
         check=False,
     )
     assert follow.returncode == 0, follow.stderr
-    assert len(losses(tmp_path)) == 4
+    assert len(losses(run_dir)) == 4
 
 
 def test_plain_sbatch_of_jobs_train_sbatch_completes(slurm_cluster, tmp_path):
