@@ -91,3 +91,27 @@ def test_the_first_failed_task_is_read_from_sruns_report():
     )
     assert failed_task(report) == 1
     assert failed_task("all good") is None
+
+
+def test_a_job_that_can_never_start_is_not_waited_for(monkeypatch):
+    from toolkit.executors import slurm
+
+    pending = {"7": JobState("PENDING", 0, 0, reason="PartitionNodeLimit")}
+    monkeypatch.setattr(slurm, "job_states", lambda job_id: pending)
+    with pytest.raises(slurm.NeverRuns) as caught:
+        slurm.wait("7")
+    assert (caught.value.job_id, caught.value.reason) == ("7", "PartitionNodeLimit")
+
+
+def test_a_job_waiting_for_resources_is_waited_for(monkeypatch):
+    from toolkit.executors import slurm
+
+    answers = iter(
+        [
+            {"7": JobState("PENDING", 0, 0, reason="Resources")},
+            {"7": JobState("COMPLETED", 0, 0)},
+        ]
+    )
+    monkeypatch.setattr(slurm, "job_states", lambda job_id: next(answers))
+    monkeypatch.setattr(slurm, "POLL_S", 0)
+    assert slurm.wait("7") == {"7": JobState("COMPLETED", 0, 0)}
