@@ -110,6 +110,7 @@ def test_a_sweep_becomes_one_job_array_and_reports_every_element(slurm_cluster, 
         "trainer.steps=2",
         "cluster=slurm",
         "trainer.micro_batch_size=2,4",
+        "cluster.array_parallelism=2",
         f"hydra.sweep.dir={tmp_path}",
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -118,6 +119,8 @@ def test_a_sweep_becomes_one_job_array_and_reports_every_element(slurm_cluster, 
     array_id = ids[0].split("_")[0]
     assert ids == [f"{array_id}_0", f"{array_id}_1"]
     assert f"[0] {ids[0]} ok" in proc.stdout and f"[1] {ids[1]} ok" in proc.stdout
+    script = json.loads((tmp_path / "0" / "slurm.json").read_text())["sbatch_script"]
+    assert "#SBATCH --array=0-1%2" in Path(script).read_text()
     # Each element ran its own config in its own run dir.
     for index, micro_batch in enumerate((2, 4)):
         steps = read_steps(tmp_path / str(index) / "metrics" / "rank0.jsonl")

@@ -128,7 +128,7 @@ def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
             "job_id": job_id,
             "array_index": index if len(runs) > 1 else None,
             "slurm_folder": str(submission.folder),
-            "sbatch_script": str(submission.folder / f"{job_id}_submission.sh"),
+            "sbatch_script": str(submission.folder / f"{job_id.split('_')[0]}_submission.sh"),
         }
         (run.run_dir / "slurm.json").write_text(json.dumps(record, indent=2) + "\n")
     return job_ids
