@@ -89,7 +89,7 @@ def prepare_in_allocation(overrides: list[str], environ: dict[str, str]) -> Path
     run dir is outputs/slurm/<job id> under the submit dir, so that a requeue finds it.
     """
     from toolkit.distributed.env import slurm_job_label
-    from toolkit.train.data import prepare as prepare_data
+    from toolkit.train.data_files import prepare as prepare_data
 
     nodes = int(environ["SLURM_JOB_NUM_NODES"])
     tasks = int(environ["SLURM_NTASKS"]) // nodes
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(OmegaConf.to_yaml(OmegaConf.create(job_to_dict(run.job))))
         return 0
 
-    from toolkit.train.data import prepare as prepare_data
+    from toolkit.train.data_files import prepare as prepare_data
 
     for run, cfg in zip(runs, cfgs, strict=True):
         choices = (
