@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -69,6 +70,7 @@ class SaveResult:
     end: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     future: Future | None = None
+    writer: Any = None
 
 
 _STOP = object()
@@ -148,7 +150,7 @@ class Checkpointer:
             self._write_json(tmp, train_state)
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd}
-            writer = self.storage.dcp_writer(tmp)
+            writer = result.writer = self.storage.dcp_writer(tmp)
             if self._stager is not None:
                 result.future = dcp.async_save(
                     state, storage_writer=writer, process_group=self.pg, async_stager=self._stager
@@ -157,10 +159,10 @@ class Checkpointer:
                 done: Future = Future()
                 try:
                     done.set_result(dcp.save(state, storage_writer=writer, process_group=self.pg))
-                except Exception as exc:  # noqa: BLE001 - reported through the result
+                except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported via the result
                     done.set_exception(exc)
                 result.future = done
-        except Exception as exc:  # noqa: BLE001 - a failed save is reported, never fatal here
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported, never fatal here
             failed: Future = Future()
             failed.set_exception(exc)
             result.future = failed
@@ -191,8 +193,10 @@ class Checkpointer:
                 result.write_s = time.perf_counter() - t0
                 if self.rank == 0:
                     self._commit(result)
-            except Exception as exc:  # noqa: BLE001 - log, report, keep the worker alive
-                result.error = _describe(exc, result.path)
+            # DCP's CheckpointException derives from BaseException: catch it explicitly.
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - keep the worker alive
+                fs_error = getattr(getattr(result.writer, "fs", None), "error", None)
+                result.error = _describe(fs_error or exc, result.path)
                 log.error("checkpoint step %d failed: %s", result.step, result.error)
                 if self.rank == 0:
                     self._discard(result.path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ class CheckpointHook:
         self.sink = sink
         self.signal_lead_s = signal_lead_s
         self.slurm_job_id = slurm_job_id
-        self._signals = sorted({signal_number(signal_name), int(__import__("signal").SIGTERM)})
+        self._signals = sorted({signal_number(signal_name), int(signal.SIGTERM)})
         self.flag: SignalFlag | None = None
         self.ckpt: Checkpointer | None = None
         self.storage: Storage = build_storage(cfg)
@@ -86,6 +87,12 @@ class CheckpointHook:
             self.cfg, self.root, self.storage, self.config, self.config_hash, trainer.device
         )
         self.flag = SignalFlag(self._signals)
+        if trainer.rank == 0:
+            log.info(
+                "checkpoints in %s; preemption signals armed: %s",
+                self.root,
+                ", ".join(signal.Signals(s).name for s in self._signals),
+            )
         path = self._pick_resume_path(trainer.rank)
         if path is not None:
             self._resume(trainer, Path(path))

@@ -72,16 +72,19 @@ class LocalStorage:
             os.close(fd)
 
     def dcp_writer(self, path: Path) -> FileSystemWriter:
-        return FileSystemWriter(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+        writer = FileSystemWriter(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+        writer.fs = GuardedFileSystem()
+        return writer
 
     def dcp_reader(self, path: Path) -> FileSystemReader:
         return SafeFileSystemReader(path)
 
 
-class _CountingStream(io.RawIOBase):
-    """A write stream that fails with ENOSPC once the file system's budget is spent."""
+class _GuardedStream(io.RawIOBase):
+    """A write stream that records the first OSError (torch.save would otherwise hide a
+    disk-full error behind a zip-writer RuntimeError) and enforces an injected byte budget."""
 
-    def __init__(self, inner: Any, fs: _FaultyFileSystem, path: Path):
+    def __init__(self, inner: Any, fs: GuardedFileSystem, path: Path):
         self._inner = inner
         self._fs = fs
         self._path = path
@@ -91,11 +94,18 @@ class _CountingStream(io.RawIOBase):
 
     def write(self, data: Any) -> int:
         size = memoryview(data).nbytes
-        if self._fs.budget_bytes is not None:
-            if size > self._fs.budget_bytes:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._path))
-            self._fs.budget_bytes -= size
-        return self._inner.write(data)
+        try:
+            if self._fs.budget_bytes is not None:
+                if size > self._fs.budget_bytes:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._path))
+                self._fs.budget_bytes -= size
+            return self._inner.write(data)
+        except OSError as exc:
+            if self._fs.error is None:
+                self._fs.error = (
+                    exc if exc.filename else OSError(exc.errno, exc.strerror, str(self._path))
+                )
+            raise
 
     def flush(self) -> None:
         self._inner.flush()
@@ -113,17 +123,21 @@ class _CountingStream(io.RawIOBase):
         return self._inner.seek(offset, whence)
 
 
-class _FaultyFileSystem(FileSystem):
-    def __init__(self, budget_bytes: int | None, stall_s: float):
+class GuardedFileSystem(FileSystem):
+    """DCP's file system layer, remembering the first write error (`error`), with optional
+    injected faults: a byte budget (then ENOSPC) and a stall before each file is opened."""
+
+    def __init__(self, budget_bytes: int | None = None, stall_s: float = 0.0):
         self.budget_bytes = budget_bytes
         self.stall_s = stall_s
+        self.error: OSError | None = None
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if "w" in mode and self.stall_s > 0:
             time.sleep(self.stall_s)
         with super().create_stream(path, mode) as stream:
-            yield _CountingStream(stream, self, Path(path)) if "w" in mode else stream
+            yield _GuardedStream(stream, self, Path(path)) if "w" in mode else stream
 
 
 class FaultyStorage(LocalStorage):
@@ -136,7 +150,7 @@ class FaultyStorage(LocalStorage):
 
     def dcp_writer(self, path: Path) -> FileSystemWriter:
         writer = super().dcp_writer(path)
-        writer.fs = _FaultyFileSystem(self.enospc_after_bytes, self.stall_s)
+        writer.fs = GuardedFileSystem(self.enospc_after_bytes, self.stall_s)
         return writer
 
 
