@@ -77,7 +77,9 @@ _STOP = object()
 
 
 def _stager(device: torch.device) -> DefaultStager:
-    """Copy into CPU memory on the training thread: pinned with non-blocking copies on GPU."""
+    """Copy into CPU memory on the training thread: pinned with non-blocking copies on GPU.
+    The stager keeps its CPU buffers and reuses them for the next save; that is safe only
+    because a save starts after the previous one finished writing (one in flight)."""
     cuda = device.type == "cuda"
     return DefaultStager(
         StagingOptions(
@@ -137,7 +139,9 @@ class Checkpointer:
     ) -> SaveResult | None:
         """Checkpoint `step`. Returns at once after staging (async), or after the commit
         (blocking or async_save=false). Skips a step already saved in this job."""
-        if step == self.last_step:
+        if step == self.last_step:  # already saved (or resumed from) this step
+            if blocking:
+                self._wait_pending()
             return None
         start = time.time()
         t0 = time.perf_counter()

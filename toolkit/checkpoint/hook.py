@@ -75,6 +75,7 @@ class CheckpointHook:
         self._save_failed = False
         self._requested = False
         self._stop_reason: str | None = None
+        self._signal_name = "none"
 
     def request_save(self) -> None:
         """Checkpoint at the next step boundary (call on any rank)."""
@@ -147,7 +148,9 @@ class CheckpointHook:
         t0 = time.time()
         saved_config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).is_file() else {}
         diff = [
-            d for d in config_diff(saved_config, self.config) if not d.startswith("checkpoint.")
+            d
+            for d in config_diff(saved_config, self.config)
+            if not d.startswith(("checkpoint.", "run_dir:"))
         ]
         if diff and trainer.rank == 0:
             log.warning("config differs from the checkpoint's: %s", "; ".join(diff[:20]))
@@ -158,7 +161,7 @@ class CheckpointHook:
         trainer.loader.load_state_dict(state["loader"])
         if rng is not None:
             restore_rng(rng)
-        elif trainer.rank == 0 or trainer.rank >= int(state["world_size"]):
+        else:
             log.warning(
                 "checkpoint has no RNG state for rank %d (saved by %d ranks)",
                 trainer.rank,
@@ -190,13 +193,14 @@ class CheckpointHook:
         self._requested = False
         stop_on_error = self._save_failed and self.cfg.on_save_error == "stop"
         local = torch.tensor(
-            [float(self.flag.signum is not None), float(stop_on_error), float(requested)],
+            [float(self.flag.signum or 0), float(stop_on_error), float(requested)],
             device=trainer.device,
         )
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        signaled, failed, requested = (bool(v) for v in local.tolist())
+        signum, failed, requested = (int(v) for v in local.tolist())
+        self._signal_name = signal.Signals(signum).name if signum else "none"
         step = trainer.state.step
-        if signaled:
+        if signum:  # any rank got a signal: every rank checkpoints and stops here
             return self._preempted(trainer)
         if failed:
             log.error("stopping: a checkpoint could not be written (checkpoint.on_save_error=stop)")
@@ -283,7 +287,11 @@ class CheckpointHook:
                 if trainer.rank == 0
                 else "slurm"
             )
-        attrs: dict[str, Any] = {"signal": self.flag.name, "reason": reason, "slurm_job_id": job_id}
+        attrs: dict[str, Any] = {
+            "signal": self._signal_name,
+            "reason": reason,
+            "slurm_job_id": job_id,
+        }
         if job_id is not None and trainer.rank == 0:
             restarts = restart_count()
             attrs["restart_count"] = restarts
@@ -301,21 +309,21 @@ class CheckpointHook:
                 log.warning(
                     "%s (%s) at step %d: checkpointed; job %s requeued=%s",
                     reason,
-                    self.flag.name,
+                    self._signal_name,
                     step,
                     job_id,
                     requeued,
                 )
         attrs["requeued"] = requeued
         self.sink.write_event(Event("preemption", t0, time.time(), step, trainer.rank, attrs))
-        self._stop_reason = f"{reason} ({self.flag.name})"
+        self._stop_reason = f"{reason} ({self._signal_name})"
         if job_id is None:
             trainer.state.extra["exit_code"] = EXIT_PREEMPTED
             if trainer.rank == 0:
                 log.warning(
                     "received %s: checkpointed step %d; exiting with code %d. Relaunch with the "
                     "same hydra.run.dir to resume.",
-                    self.flag.name,
+                    self._signal_name,
                     step,
                     EXIT_PREEMPTED,
                 )
