@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable
 
 from toolkit.config.checkpoint import validate_checkpoint
-from toolkit.config.cluster import ClusterConfig
+from toolkit.config.cluster import ClusterConfig, slurm_problems
 from toolkit.config.data import DataConfig
 from toolkit.config.errors import ConfigError
 from toolkit.config.job import JobConfig
@@ -77,6 +77,8 @@ def _cluster(c: ClusterConfig) -> list[str]:
         p.append(f"cluster.signal_lead_s={c.signal_lead_s}: must be >= 0 seconds")
     if c.array_parallelism < 1:
         p.append(f"cluster.array_parallelism={c.array_parallelism}: must be >= 1")
+    if c.kind == "slurm":
+        p += slurm_problems(c)
     return p
 
 
