@@ -31,17 +31,13 @@ def test_both_nodes_are_idle_in_the_default_partition(slurm_cluster):
 
 def test_a_two_node_step_runs_one_task_on_each_node(slurm_cluster):
     # `hostname` is the same machine for both nodes, so ask slurmd which node it is.
-    proc = slurm_cluster.run(
-        "srun", "-N2", "--ntasks-per-node=1", "printenv", "SLURMD_NODENAME"
-    )
+    proc = slurm_cluster.run("srun", "-N2", "--ntasks-per-node=1", "printenv", "SLURMD_NODENAME")
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.split()) == ["n1", "n2"]
 
 
 def test_each_node_fits_two_tasks(slurm_cluster):
-    proc = slurm_cluster.run(
-        "srun", "-N2", "--ntasks-per-node=2", "printenv", "SLURMD_NODENAME"
-    )
+    proc = slurm_cluster.run("srun", "-N2", "--ntasks-per-node=2", "printenv", "SLURMD_NODENAME")
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.split()) == ["n1", "n1", "n2", "n2"]
 
@@ -49,14 +45,10 @@ def test_each_node_fits_two_tasks(slurm_cluster):
 def test_node_names_resolve_for_master_addr(slurm_cluster):
     import socket
 
-    assert {socket.gethostbyname(node) for node in slurm_cluster.node_names} == {
-        "127.0.0.1"
-    }
+    assert {socket.gethostbyname(node) for node in slurm_cluster.node_names} == {"127.0.0.1"}
 
 
-def test_sbatch_wait_completes_and_sacct_reports_completed(
-    slurm_cluster, tmp_path: Path
-):
+def test_sbatch_wait_completes_and_sacct_reports_completed(slurm_cluster, tmp_path: Path):
     out = tmp_path / "job.out"
     proc = slurm_cluster.run(
         "sbatch", "--wait", "--parsable", "-N2", f"--output={out}",
@@ -93,9 +85,7 @@ def test_status_reports_healthy(slurm_cluster):
     proc = slurm_cluster.run(str(slurm_cluster.script), "status")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("healthy")
-    running = {
-        line.split()[0] for line in proc.stdout.splitlines() if "running (pid" in line
-    }
+    running = {line.split()[0] for line in proc.stdout.splitlines() if "running (pid" in line}
     assert running == {
         "munged",
         "mariadbd",
@@ -127,10 +117,7 @@ def _daemon_pids() -> dict[str, int]:
 
 def test_down_leaves_no_daemon_and_up_brings_the_cluster_back(slurm_cluster):
     # Runs last in this module: the cluster is up again afterwards for later modules.
-    assert (
-        slurm_cluster.run(str(slurm_cluster.script), "down", timeout_s=60).returncode
-        == 0
-    )
+    assert slurm_cluster.run(str(slurm_cluster.script), "down", timeout_s=60).returncode == 0
     assert _daemon_pids() == {}
     assert slurm_cluster.run(str(slurm_cluster.script), "status").returncode != 0
     proc = slurm_cluster.run(str(slurm_cluster.script), "up", timeout_s=120)

@@ -137,6 +137,8 @@ def stall_worker(
             dist.barrier()
             window_end = time.time()
             times[mode].append(time.perf_counter() - t0)
+            if rank == 0:
+                print(f"trial {trial} {mode}: {times[mode][-1]:.2f} s", file=sys.stderr, flush=True)
             if mode == "async":
                 for r in ckpt.wait():
                     saves.append(

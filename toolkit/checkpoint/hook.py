@@ -340,5 +340,7 @@ class CheckpointHook:
             trainer.stop_reason = self._stop_reason  # the loop only knows "stopped by hook"
 
 
-def slurm_job_id() -> str | None:
-    return os.environ.get("SLURM_JOB_ID") or None
+def slurm_job_id(env_source: str) -> str | None:
+    """The job to requeue: SLURM_JOB_ID when the ranks were started by Slurm (srun), not
+    when a local job merely runs inside an allocation."""
+    return (os.environ.get("SLURM_JOB_ID") or None) if env_source == "slurm" else None

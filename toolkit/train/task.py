@@ -47,7 +47,7 @@ def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list
                 sink,
                 signal_name=job.cluster.signal,
                 signal_lead_s=job.cluster.signal_lead_s,
-                slurm_job_id=slurm_job_id(),
+                slurm_job_id=slurm_job_id(env.source),
             )
         )
     return hooks
