@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from toolkit.config.checkpoint import validate_checkpoint
 from toolkit.config.cluster import ClusterConfig, slurm_problems
 from toolkit.config.data import DataConfig
 from toolkit.config.errors import ConfigError
@@ -17,7 +18,7 @@ from toolkit.config.model import ModelConfig
 from toolkit.config.precision import PrecisionConfig
 
 Validator = Callable[[JobConfig, int], list[str]]
-VALIDATORS: list[Validator] = []
+VALIDATORS: list[Validator] = [lambda job, world: validate_checkpoint(job.checkpoint)]
 
 
 def local_gpu_count() -> int:
