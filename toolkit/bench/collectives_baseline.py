@@ -1,0 +1,95 @@
+"""The reference the benchmark is checked against: the timing loop anyone would write by hand
+with torch.distributed, and the busbw formulas written out inline (not shared with busbw.py).
+
+    python -m toolkit.bench.collectives_baseline [OVERRIDE ...]
+        == python -m toolkit.bench.collectives collectives.compare_baseline=true [OVERRIDE ...]
+
+runs both in the same job, interleaved size by size (collectives.baseline_repeats times each,
+alternating which goes first), and adds "base time", "base busbw" and their ratio to the table.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from toolkit.bench.busbw import Layout
+
+# PyTorch 2.13 renamed the tensor variants (*_single); older versions only have *_tensor.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def minimal_time_s(
+    op: str, lay: Layout, dtype: torch.dtype, device: torch.device, warmup: int, iters: int
+) -> float:
+    """Seconds per call, averaged over ranks, of a bare loop over fresh zero buffers."""
+    n = dist.get_world_size()
+    if op == "all_reduce":
+        x = torch.zeros(lay.count, dtype=dtype, device=device)
+
+        def call():
+            dist.all_reduce(x)
+    elif op == "all_gather":
+        x = torch.zeros(lay.count // n, dtype=dtype, device=device)
+        y = torch.zeros(lay.count, dtype=dtype, device=device)
+
+        def call():
+            ALL_GATHER(y, x)
+    elif op == "reduce_scatter":
+        x = torch.zeros(lay.count, dtype=dtype, device=device)
+        y = torch.zeros(lay.count // n, dtype=dtype, device=device)
+
+        def call():
+            REDUCE_SCATTER(y, x)
+    elif op == "all_to_all":
+        x = torch.zeros(lay.count, dtype=dtype, device=device)
+        y = torch.zeros(lay.count, dtype=dtype, device=device)
+
+        def call():
+            dist.all_to_all_single(y, x)
+    else:
+        x = torch.zeros(lay.count, dtype=dtype, device=device)
+
+        def call():
+            dist.broadcast(x, src=0)
+
+    for _ in range(warmup):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    per_call = torch.tensor(
+        [(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device
+    )
+    dist.all_reduce(per_call)
+    return per_call.item() / n
+
+
+def minimal_busbw_gbps(op: str, size_bytes: int, seconds: float, n: int) -> float:
+    """nccl-tests' formulas, spelled out independently of toolkit.bench.busbw."""
+    algbw = size_bytes / seconds / 1e9
+    if op == "all_reduce":
+        return algbw * 2 * (n - 1) / n
+    if op == "broadcast":
+        return algbw
+    return algbw * (n - 1) / n
+
+
+def main(argv: list[str] | None = None) -> int:
+    from toolkit.bench.collectives import main as bench
+
+    args = sys.argv[1:] if argv is None else argv
+    return bench([*args, "collectives.compare_baseline=true"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
