@@ -14,7 +14,7 @@ import torch.distributed as dist
 from toolkit.config.job import JobConfig
 from toolkit.config.validate import micro_batch_size
 from toolkit.distributed.env import DistEnv
-from toolkit.distributed.fsdp import build_mesh, parallelize
+from toolkit.distributed.fsdp import build_mesh, local_param_bytes, parallelize
 from toolkit.train.data import BatchPlan, Loader, open_sources
 from toolkit.train.flops import flops_per_token
 from toolkit.train.loop import Hook, Trainer
@@ -37,6 +37,15 @@ def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list
     return []
 
 
+def write_shard_info(model: torch.nn.Module, path: Path) -> None:
+    """What this rank holds of the model: evidence that FSDP shards (about 1/world each)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps({"param_bytes_local": local_param_bytes(model), "param_bytes_total": total})
+    )
+
+
 def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
     torch.manual_seed(job.seed)
     model = build_model(job.model)
@@ -54,6 +63,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         model.to(device)
 
     world = dist.get_world_size()
+    write_shard_info(model, run_dir / "metrics" / f"rank{env.rank}-model.json")
     plan = BatchPlan(
         seed=job.seed,
         seq_len=job.data.seq_len,
@@ -118,8 +128,9 @@ def print_summary(s: dict[str, Any]) -> None:
         ("median tokens/s", f"{s['median_tokens_per_s']:,.0f}"),
         ("median MFU", f"{100 * s['median_mfu']:.2f}%"),
         ("peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB"),
-        ("run dir", s["run_dir"]),
     ]
     for key, value in rows:
         table.add_row(key, value)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    console.print(f"run dir: {s['run_dir']}", soft_wrap=True)

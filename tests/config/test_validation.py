@@ -1,0 +1,81 @@
+"""Bad input is refused before any rank starts: exit 2, one line naming field, value and what
+is allowed, no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import launch
+from toolkit.config.compose import compose_raw, to_job
+from toolkit.config.errors import ConfigError
+from toolkit.config.validate import global_batch_size, micro_batch_size, validate
+
+
+def job(*overrides: str):
+    return to_job(compose_raw(list(overrides)))
+
+
+BAD_INPUTS = [
+    (["model=gpt_huge"], "model=gpt_huge: no such option in group 'model'; allowed: gpt_125m"),
+    (["trainer.steps=many"], "trainer.steps=many: wrong type; expected integer"),
+    (["trainer.stepz=3"], "trainer.stepz: unknown key 'stepz' in trainer; valid keys: steps"),
+    (
+        ["trainer.global_batch_size=6", "trainer.grad_accum=2"],
+        "trainer.global_batch_size=6: must be a positive multiple of world size x grad_accum = 2 x 2 = 4",
+    ),
+    (
+        ["data.seq_len=1024"],
+        "data.seq_len=1024: above the model's maximum sequence length (model.max_seq_len=512)",
+    ),
+    (["cluster.tasks_per_node=0"], "cluster.tasks_per_node=0: must be >= 1"),
+    (
+        ["hardware=tpu_v9"],
+        "hardware=tpu_v9: no such option in group 'hardware'; allowed: a100, cpu, h100, h200",
+    ),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUTS, ids=[o[0] for o, _ in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_line(overrides: list[str], message: str, tmp_path) -> None:
+    result = launch(*overrides, f"hydra.run.dir={tmp_path / 'run'}", timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists(), "nothing may be written before validation passes"
+
+
+def test_all_problems_are_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(job("data.seq_len=4096", "optim.lr=-1", "model.num_heads=5"))
+    text = str(err.value)
+    assert "data.seq_len=4096" in text and "optim.lr=-1" in text and "model.dim=192" in text
+
+
+def test_global_batch_decides_the_micro_batch() -> None:
+    j = job("trainer.global_batch_size=16", "trainer.grad_accum=2", "cluster.tasks_per_node=2")
+    validate(j)
+    assert micro_batch_size(j, 2) == 4 and global_batch_size(j, 2) == 16
+
+
+def test_micro_batch_times_accum_times_world_is_the_global_batch() -> None:
+    j = job("trainer.micro_batch_size=3", "trainer.grad_accum=5")
+    assert global_batch_size(j, 4) == 60
+
+
+def test_time_series_model_needs_returns_data() -> None:
+    with pytest.raises(ConfigError, match="model=ts_transformer needs data=returns"):
+        validate(job("model=ts_transformer"))
+
+
+def test_hsdp_replicate_must_divide_world() -> None:
+    with pytest.raises(ConfigError, match="parallel.replicate=2: must divide the world size 3"):
+        validate(job("parallel=hsdp", "cluster.tasks_per_node=3"))
+
+
+def test_cfg_job_prints_the_resolved_config() -> None:
+    result = launch("--cfg", "job", "model=gpt_125m", "trainer.steps=7", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert (
+        "steps: 7" in result.stdout and "dim: 768" in result.stdout and "hydra" not in result.stdout
+    )
