@@ -3,8 +3,6 @@ correctness checks, and the sweep comparison."""
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import h5py
@@ -12,6 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.nccl.cli import run_module
+from toolkit.bench import collective_ops
 from toolkit.bench.busbw import layout
 from toolkit.bench.collective_ops import build_case
 from toolkit.bench.collectives import EXIT_SLOW, EXIT_WRONG, verdict
@@ -23,12 +23,7 @@ SMALL = ["collectives.max_bytes=65536", "collectives.iters=3", "collectives.warm
 
 
 def bench(*overrides, module="toolkit.bench.collectives"):
-    return subprocess.run(
-        [sys.executable, "-m", module, *SMALL, *overrides],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return run_module(module, *SMALL, *overrides)
 
 
 @pytest.fixture(scope="module")
@@ -106,21 +101,32 @@ def test_checks_pass_on_correct_output_and_count_corrupted_elements(single_rank_
     case.refill()
     case.run()
     assert case.wrong() == 0
-    # corrupt the output buffer (the last tensor the case closes over that run() writes)
-    out = [
-        c.cell_contents
-        for c in case.wrong.__closure__ or ()
-        if isinstance(c.cell_contents, torch.Tensor)
-    ]
-    target = out[0] if out else None
-    if target is None:  # all_reduce/broadcast: the buffer is reached through run()
-        target = next(
-            c.cell_contents
-            for c in case.run.__closure__
-            if isinstance(c.cell_contents, torch.Tensor)
-        )
-    target[:5] = 99
+    case.output[:5] = 99
     assert case.wrong() == 5
+
+
+def test_inputs_and_checks_work_slice_by_slice(single_rank_group, monkeypatch):
+    monkeypatch.setattr(collective_ops, "CHUNK", 7)  # slices that do not divide the buffer
+    lay = layout("all_gather", 4000, 4, 1)
+    case = build_case("all_gather", lay, torch.float32, torch.device("cpu"), rank=0, n=1)
+    case.refill()
+    case.run()
+    assert case.wrong() == 0
+    case.output[-1] += 1
+    assert case.wrong() == 1
+
+
+def test_reductions_in_bfloat16_are_checked_on_two_ranks(tmp_path):
+    proc = bench(
+        "collectives.ops=[all_reduce,reduce_scatter]",
+        "collectives.dtype=bfloat16",
+        "collectives.redop=max",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows, _ = read_h5(tmp_path / "run" / "collectives.h5")
+    assert {r.dtype for r in rows} == {"bfloat16"} and {r.redop for r in rows} == {"max"}
+    assert sum(r.wrong for r in rows) == 0
 
 
 def test_baseline_interleaved_adds_its_columns(tmp_path):
@@ -138,29 +144,17 @@ def test_baseline_interleaved_adds_its_columns(tmp_path):
 
 def test_sweep_of_two_settings_is_ranked_per_size_band(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "toolkit.launch",
-            "-m",
-            "task=bench_collectives",
-            "nccl=auto,ethernet",
-            "collectives.ops=[all_reduce]",
-            *SMALL,
-            f"hydra.sweep.dir={sweep}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
+    proc = run_module(
+        "toolkit.launch",
+        "-m",
+        "task=bench_collectives",
+        "nccl=auto,ethernet",
+        "collectives.ops=[all_reduce]",
+        *SMALL,
+        f"hydra.sweep.dir={sweep}",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = subprocess.run(
-        [sys.executable, "-m", "toolkit.bench.compare_collectives", str(sweep), "--bands", "1024"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_module("toolkit.bench.compare_collectives", str(sweep), "--bands", "1024")
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("  all_reduce")]
     # two bands (< 1 KiB, >= 1 KiB) x two settings, labelled by the override that differs

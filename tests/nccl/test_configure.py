@@ -3,11 +3,10 @@
 import json
 import re
 import socket
-import subprocess
-import sys
 
 import pytest
 
+from tests.nccl.cli import run_module
 from toolkit.config.nccl import NcclConfig
 from toolkit.distributed.env import DistEnv
 from toolkit.nccl import NcclSetupError, configure, effective_env
@@ -143,19 +142,12 @@ def test_flight_recorder_off_disables_the_dump(eth_root, tmp_path):
 def test_the_entrypoint_stops_before_init_and_names_the_rank(tmp_path):
     """A real 2-rank launch with an HCA this machine lacks: exits non-zero, nothing trained."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "toolkit.launch",
-            "model=gpt_tiny",
-            "trainer.steps=1",
-            "nccl.env.NCCL_IB_HCA=mlx5_7",
-            f"hydra.run.dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = run_module(
+        "toolkit.launch",
+        "model=gpt_tiny",
+        "trainer.steps=1",
+        "nccl.env.NCCL_IB_HCA=mlx5_7",
+        f"hydra.run.dir={run_dir}",
     )
     assert proc.returncode != 0
     assert re.search(r"NcclSetupError: rank [01] on \S+ \(node 0\): ", proc.stderr)

@@ -29,8 +29,11 @@ from toolkit.bench.collectives_report import (
     H5_NAME,
     TABLE_NAME,
     Row,
+    format_row,
     format_table,
     op_averages,
+    op_footer,
+    op_header,
     write_h5,
 )
 from toolkit.config.collectives import CollectivesConfig
@@ -155,7 +158,8 @@ def run_attrs(job, env, device: torch.device) -> dict:
     cfg = job.collectives
     nccl_version = None
     if device.type == "cuda":
-        nccl_version = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()
+        nccl_version = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     return {
         "world_size": env.world_size,
         "num_nodes": env.num_nodes,
@@ -185,20 +189,30 @@ def run(job, env, run_dir: Path, device: torch.device) -> list[Row]:
         baseline = minimal_time_s
     top = max_bytes(cfg, device, env.local_world_size)
     sizes = sweep_sizes(cfg.min_bytes, top, cfg.step_factor)
-    rows: list[Row] = []
-    for op in cfg.ops:
-        for size in sizes:
-            row = measure(cfg, op, size, device, baseline)
-            if row is not None:
-                rows.append(row)
     title = (
         f"bench_collectives: {env.world_size} ranks on {env.num_nodes} node(s), "
         f"{dist.get_backend()}, {cfg.dtype}, warmup {cfg.warmup_iters}, iters {cfg.iters}, "
         f"time {cfg.time_reduce} over ranks"
     )
-    table = format_table(rows, list(cfg.ops), cfg.compare_baseline, title)
+    # Rank 0 prints each row as it is measured (a GPU sweep to 1 GiB takes minutes).
+    say = (lambda line: print(line, flush=True)) if env.is_rank0 else (lambda line: None)
+    say(f"# {title}")
+    rows: list[Row] = []
+    for op in cfg.ops:
+        for line in op_header(op, cfg.compare_baseline):
+            say(line)
+        op_rows = []
+        for size in sizes:
+            row = measure(cfg, op, size, device, baseline)
+            if row is not None:
+                op_rows.append(row)
+                say(format_row(row, cfg.compare_baseline))
+        for line in op_footer(op, op_rows):
+            say(line)
+        rows += op_rows
     if env.is_rank0:
-        print(table, flush=True)
+        table = format_table(rows, list(cfg.ops), cfg.compare_baseline, title)
+        say(table.splitlines()[-1])
         (run_dir / TABLE_NAME).write_text(table + "\n")
         write_h5(run_dir / H5_NAME, rows, run_attrs(job, env, device))
         log.info("collectives: table and HDF5 written to %s", run_dir)
@@ -233,11 +247,32 @@ def verdict(cfg: CollectivesConfig, rows: list[Row]) -> tuple[int, list[str]] | 
     return None
 
 
+def prepare_run_dir(overrides: list[str]) -> Path:
+    """Compose, validate and write RUN_DIR/config.yaml without starting anything: for
+    jobs/collectives.sbatch, which then srun's the entrypoint inside its own allocation."""
+    from toolkit.launch import prepare, write_run_dir
+
+    (run,), (cfg,) = prepare([[*overrides, "task=bench_collectives"]], multirun=False)
+    choices = cfg.hydra.runtime.choices if "runtime" in cfg.hydra else {}
+    write_run_dir(run, dict(choices))
+    return run.run_dir
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m toolkit.bench.collectives OVERRIDES`: the launcher with task=bench_collectives."""
+    """`python -m toolkit.bench.collectives OVERRIDES`: the launcher with task=bench_collectives.
+    `--prepare OVERRIDES` only writes the run directory and prints its path."""
+    from toolkit.config.errors import ConfigError
     from toolkit.launch import main as launch
 
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--prepare"]:
+        try:
+            print(prepare_run_dir(args[1:]))
+        except ConfigError as exc:
+            for line in exc.problems:
+                print(f"error: {line}", file=sys.stderr)
+            return 2
+        return 0
     return launch([*args, "task=bench_collectives"])
 
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from toolkit.bench.busbw import Layout
 
-# PyTorch 2.13 renamed the tensor variants (*_single); older versions only have *_tensor.
+# Newer PyTorch names the tensor variants *_single; older versions only have *_tensor.
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 

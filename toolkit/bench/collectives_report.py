@@ -51,18 +51,26 @@ def format_row(row: Row, compare_baseline: bool) -> str:
     return line
 
 
+def op_header(op: str, compare_baseline: bool) -> list[str]:
+    return ["#", f"# {op}", *header(compare_baseline)]
+
+
+def op_footer(op: str, op_rows: list[Row]) -> list[str]:
+    return [
+        f"# {op}: out of bounds values : {sum(r.wrong for r in op_rows)} (wrong)",
+        f"# {op}: Avg bus bandwidth    : {average([r.busbw_gbps for r in op_rows]):.4f} GB/s",
+    ]
+
+
 def format_table(rows: list[Row], ops: list[str], compare_baseline: bool, title: str) -> str:
     lines = [f"# {title}"]
     for op in ops:
         op_rows = [r for r in rows if r.op == op]
         if not op_rows:
             continue
-        lines += ["#", f"# {op}", *header(compare_baseline)]
+        lines += op_header(op, compare_baseline)
         lines += [format_row(r, compare_baseline) for r in op_rows]
-        lines.append(f"# {op}: out of bounds values : {sum(r.wrong for r in op_rows)} (wrong)")
-        lines.append(
-            f"# {op}: Avg bus bandwidth    : {average([r.busbw_gbps for r in op_rows]):.4f} GB/s"
-        )
+        lines += op_footer(op, op_rows)
     lines.append(
         f"# Avg bus bandwidth (all ops) : {average([r.busbw_gbps for r in rows]):.4f} GB/s"
     )
