@@ -133,13 +133,16 @@ def test_baseline_interleaved_adds_its_columns(tmp_path):
     proc = bench(
         "collectives.ops=[all_reduce]",
         "collectives.baseline_repeats=2",
+        "collectives.min_bytes=16384",
         f"hydra.run.dir={tmp_path / 'run'}",
         module="toolkit.bench.collectives_baseline",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "base busbw" in (tmp_path / "run" / "collectives.txt").read_text()
     rows, _ = read_h5(tmp_path / "run" / "collectives.h5")
-    assert all(r.baseline_busbw_gbps > 0 and not math.isnan(r.baseline_time_us) for r in rows)
+    assert [r.size_bytes for r in rows] == [16384, 32768, 65536]
+    assert all(r.baseline_busbw_gbps > 0 and r.paired_ratio > 0 for r in rows)
+    assert not any(math.isnan(r.baseline_time_us) for r in rows)
 
 
 def test_sweep_of_two_settings_is_ranked_per_size_band(tmp_path):

@@ -117,18 +117,15 @@ def measure(
     case.prepare_timing()
     for _ in range(cfg.warmup_iters):
         case.run()
+    minimal = baseline(op, lay, dtype, device, cfg.warmup_iters) if baseline else None
     times, base_times = [], []
-    repeats = cfg.baseline_repeats if baseline is not None else 1
-    for i in range(repeats):
+    for i in range(cfg.baseline_repeats if minimal else 1):
         # Alternate who goes first so neither side always runs on a warmer cache/link.
-        order = ("toolkit", "baseline") if i % 2 == 0 else ("baseline", "toolkit")
-        for who in order:
-            if who == "toolkit":
-                times.append(
-                    combine_time(time_calls(case.run, cfg.iters, device), cfg.time_reduce, device)
-                )
-            elif baseline is not None:
-                base_times.append(baseline(op, lay, dtype, device, cfg.warmup_iters, cfg.iters))
+        if minimal and i % 2 == 1:
+            base_times.append(minimal(cfg.iters))
+        times.append(combine_time(time_calls(case.run, cfg.iters, device), cfg.time_reduce, device))
+        if minimal and i % 2 == 0:
+            base_times.append(minimal(cfg.iters))
     seconds = statistics.median(times)
     row = Row(
         op=op,
@@ -148,6 +145,8 @@ def measure(
         base = statistics.median(base_times)
         row.baseline_time_us = base * 1e6
         row.baseline_busbw_gbps = minimal_busbw_gbps(op, lay.size_bytes, base, n)
+        # busbw ratio of each adjacent pair (same moment, same load), then the median
+        row.paired_ratio = statistics.median(b / t for t, b in zip(times, base_times, strict=True))
     del case
     return row
 
@@ -184,9 +183,9 @@ def run(job, env, run_dir: Path, device: torch.device) -> list[Row]:
     cfg: CollectivesConfig = job.collectives
     baseline = None
     if cfg.compare_baseline:
-        from toolkit.bench.collectives_baseline import minimal_time_s
+        from toolkit.bench.collectives_baseline import minimal_loop
 
-        baseline = minimal_time_s
+        baseline = minimal_loop
     top = max_bytes(cfg, device, env.local_world_size)
     sizes = sweep_sizes(cfg.min_bytes, top, cfg.step_factor)
     title = (

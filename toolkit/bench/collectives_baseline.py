@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -23,13 +24,14 @@ ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_te
 REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
-def minimal_time_s(
-    op: str, lay: Layout, dtype: torch.dtype, device: torch.device, warmup: int, iters: int
-) -> float:
-    """Seconds per call, averaged over ranks, of a bare loop over fresh zero buffers."""
+def minimal_loop(
+    op: str, lay: Layout, dtype: torch.dtype, device: torch.device, warmup: int
+) -> Callable[[int], float]:
+    """Allocate zero buffers, warm up, and return `time(iters)`: seconds per call, averaged
+    over ranks, of a bare loop of `iters` calls."""
     n = dist.get_world_size()
+    x = torch.zeros(lay.count, dtype=dtype, device=device)
     if op == "all_reduce":
-        x = torch.zeros(lay.count, dtype=dtype, device=device)
 
         def call():
             dist.all_reduce(x)
@@ -40,38 +42,39 @@ def minimal_time_s(
         def call():
             ALL_GATHER(y, x)
     elif op == "reduce_scatter":
-        x = torch.zeros(lay.count, dtype=dtype, device=device)
         y = torch.zeros(lay.count // n, dtype=dtype, device=device)
 
         def call():
             REDUCE_SCATTER(y, x)
     elif op == "all_to_all":
-        x = torch.zeros(lay.count, dtype=dtype, device=device)
         y = torch.zeros(lay.count, dtype=dtype, device=device)
 
         def call():
             dist.all_to_all_single(y, x)
     else:
-        x = torch.zeros(lay.count, dtype=dtype, device=device)
 
         def call():
             dist.broadcast(x, src=0)
 
     for _ in range(warmup):
         call()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        call()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    per_call = torch.tensor(
-        [(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device
-    )
-    dist.all_reduce(per_call)
-    return per_call.item() / n
+
+    def time_iters(iters: int) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            call()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = torch.tensor(
+            [(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device
+        )
+        dist.all_reduce(elapsed)
+        return elapsed.item() / n
+
+    return time_iters
 
 
 def minimal_busbw_gbps(op: str, size_bytes: int, seconds: float, n: int) -> float:

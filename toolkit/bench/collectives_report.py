@@ -27,6 +27,7 @@ class Row:
     wrong: int
     baseline_time_us: float = float("nan")
     baseline_busbw_gbps: float = float("nan")
+    paired_ratio: float = float("nan")  # median over repeats of busbw / baseline busbw
 
 
 def header(compare_baseline: bool) -> list[str]:
@@ -46,8 +47,10 @@ def format_row(row: Row, compare_baseline: bool) -> str:
         f"{row.time_us:>10.1f} {row.algbw_gbps:>8.3f} {row.busbw_gbps:>8.3f} {row.wrong:>7}"
     )
     if compare_baseline:
-        ratio = row.busbw_gbps / row.baseline_busbw_gbps if row.baseline_busbw_gbps > 0 else 0.0
-        line += f" {row.baseline_time_us:>11.1f} {row.baseline_busbw_gbps:>11.3f} {ratio:>7.3f}"
+        line += (
+            f" {row.baseline_time_us:>11.1f} {row.baseline_busbw_gbps:>11.3f}"
+            f" {row.paired_ratio:>7.3f}"
+        )
     return line
 
 
