@@ -45,6 +45,12 @@ def configure(
     merged = {name: s.value for name, s in settings.items()}
     for line in unknown_names(list(merged)):
         log.warning("nccl: %s", line)
+    if merged.get("NCCL_IB_DISABLE") == "1" and "NCCL_IB_HCA" in merged:
+        log.warning(
+            "nccl: NCCL_IB_HCA=%s has no effect: NCCL_IB_DISABLE=1 (%s)",
+            merged["NCCL_IB_HCA"],
+            settings["NCCL_IB_DISABLE"].source,
+        )
     problems = value_problems(merged, "effective") + node_problems(
         cfg.profile, fabric, merged, topo
     )
