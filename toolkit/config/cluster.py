@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+# sbatch --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}")
+_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
+_SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=.+)?")
 
 
 @dataclass
@@ -24,15 +30,52 @@ class ClusterConfig:
     constraint: str | None = None
     exclude: str | None = None
     exclusive: bool = False
-    requeue: bool = True
+    requeue: bool = True  # sbatch --requeue (else --no-requeue)
     signal: str = "USR2"  # sent signal_lead_s before the time limit
     signal_lead_s: int = 120
     job_name: str = "toolkit"
-    sbatch_extra: list[str] = field(
-        default_factory=list
-    )  # extra "#SBATCH" lines, e.g. "--reservation=x"
+    # Extra sbatch options, e.g. "--reservation=x" or "--mail-type=END" ("#SBATCH " optional).
+    sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)  # shell lines run before srun (module load, ...)
     array_parallelism: int = 8  # cap on concurrently running array elements (multirun)
     master_port: int | None = None  # None: a free port locally, derived from the job id on Slurm
+    python: str | None = None  # interpreter on the nodes; None: the launcher's own (sys.executable)
 
     KINDS = ("local", "slurm")
+
+
+def parse_sbatch_extra(lines: list[str]) -> dict[str, str | bool]:
+    """`["--reservation=x", "#SBATCH --exclusive"]` -> {"reservation": "x", "exclusive": True}."""
+    options: dict[str, str | bool] = {}
+    for line in lines:
+        text = line.strip().removeprefix("#SBATCH").strip()
+        name, sep, value = text.removeprefix("--").partition("=")
+        options[name] = value if sep else True
+    return options
+
+
+def slurm_problems(c: ClusterConfig) -> list[str]:
+    """Checks of the sbatch-like fields; one line per problem (field, value, what is allowed)."""
+    p = []
+    if not _TIME.fullmatch(c.time):
+        p.append(
+            f"cluster.time={c.time}: not an sbatch time; use M, H:M:S or D-H:M:S (e.g. 01:00:00)"
+        )
+    if c.mem is not None and not _MEM.fullmatch(c.mem):
+        p.append(f"cluster.mem={c.mem}: not an sbatch memory size; use e.g. 64G or 4000M")
+    if c.cpus_per_task is not None and c.cpus_per_task < 1:
+        p.append(f"cluster.cpus_per_task={c.cpus_per_task}: must be >= 1 (or null)")
+    if not re.fullmatch(r"(SIG)?[A-Z0-9]+", c.signal):
+        p.append(f"cluster.signal={c.signal}: not a signal name; use e.g. USR2, USR1 or TERM")
+    if not re.fullmatch(r"[\w.-]+", c.job_name):
+        p.append(f"cluster.job_name={c.job_name}: use letters, digits, '.', '_' and '-' only")
+    if c.master_port is not None and not 1024 <= c.master_port <= 65535:
+        p.append(f"cluster.master_port={c.master_port}: must be in 1024..65535 (or null)")
+    for line in c.sbatch_extra:
+        text = line.strip().removeprefix("#SBATCH").strip()
+        if not _SBATCH_OPTION.fullmatch(text):
+            p.append(
+                f"cluster.sbatch_extra: '{line}' is not an sbatch long option; "
+                "use '--name=value' or '--flag'"
+            )
+    return p

@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-from toolkit.config.cluster import ClusterConfig
+from toolkit.config.cluster import ClusterConfig, slurm_problems
 from toolkit.config.data import DataConfig
 from toolkit.config.errors import ConfigError
 from toolkit.config.job import JobConfig
@@ -76,6 +76,8 @@ def _cluster(c: ClusterConfig) -> list[str]:
         p.append(f"cluster.signal_lead_s={c.signal_lead_s}: must be >= 0 seconds")
     if c.array_parallelism < 1:
         p.append(f"cluster.array_parallelism={c.array_parallelism}: must be >= 1")
+    if c.kind == "slurm":
+        p += slurm_problems(c)
     return p
 
 

@@ -56,7 +56,10 @@ def free_port() -> int:
 
 
 def port_from_job_id(job_id: str) -> int:
-    """A rendezvous port derived from the job id, so concurrent jobs sharing a node differ."""
+    """A rendezvous port derived from the job id, so concurrent jobs sharing a node differ.
+
+    Pass SLURM_JOB_ID: every element of a job array has its own (the array's id is
+    SLURM_ARRAY_JOB_ID), so elements sharing a node get different ports too."""
     digits = int(re.sub(r"\D", "", job_id) or "0")
     return PORT_BASE + digits % PORT_SPAN
 
@@ -111,26 +114,48 @@ def discover(environ: dict[str, str] | None = None) -> DistEnv:
             source="torchrun",
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        # Inside `srun` the step's variables describe the ranks; the job's describe the
+        # allocation, which may be larger than the step.
         job_id = env.get("SLURM_JOB_ID", "0")
-        hosts = expand_nodelist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""))
+        hosts = expand_nodelist(
+            env.get("SLURM_STEP_NODELIST")
+            or env.get("SLURM_JOB_NODELIST")
+            or env.get("SLURM_NODELIST", "")
+        )
         return DistEnv(
             rank=_int(env, "SLURM_PROCID"),
             local_rank=_int(env, "SLURM_LOCALID", 0),
-            world_size=_int(env, "SLURM_NTASKS"),
+            world_size=_int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS")),
             local_world_size=_slurm_tasks_on_node(env),
             node_rank=_int(env, "SLURM_NODEID", 0),
-            num_nodes=_int(env, "SLURM_NNODES", max(1, len(hosts))),
+            num_nodes=_int(
+                env, "SLURM_STEP_NUM_NODES", _int(env, "SLURM_NNODES", max(1, len(hosts)))
+            ),
+            # Rank 0 runs on the first host of the step (srun's default block distribution).
             master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1"),
             master_port=_int(env, "MASTER_PORT", port_from_job_id(job_id)),
-            job_id=job_id,
+            job_id=slurm_job_label(env),
             source="slurm",
         )
     return DistEnv(0, 0, 1, 1, 0, 1, "127.0.0.1", free_port(), None, "single")
 
 
+def slurm_job_label(env: dict[str, str]) -> str:
+    """How Slurm's tools name this job: '123', or '120_3' for element 3 of array 120."""
+    array_id, task_id = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_id and task_id:
+        return f"{array_id}_{task_id}"
+    return env.get("SLURM_JOB_ID", "0")
+
+
 def _slurm_tasks_on_node(env: dict[str, str]) -> int:
-    """SLURM_TASKS_PER_NODE looks like '2(x3),1'; pick this node's entry."""
-    spec = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE") or "1"
+    """SLURM_STEP_TASKS_PER_NODE looks like '2(x3),1'; pick this node's entry."""
+    spec = (
+        env.get("SLURM_STEP_TASKS_PER_NODE")
+        or env.get("SLURM_TASKS_PER_NODE")
+        or env.get("SLURM_NTASKS_PER_NODE")
+        or "1"
+    )
     counts: list[int] = []
     for part in spec.split(","):
         m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())

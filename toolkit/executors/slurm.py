@@ -1,0 +1,246 @@
+"""Runs on Slurm through submitit: one job per run, or one job array for a sweep.
+
+Every task runs `python -u -m toolkit.entrypoint RUN_DIR` under a single `srun` with
+`--kill-on-bad-exit=1`, so a failing rank ends the whole step within seconds. The launcher
+prints the job id, run dir and log paths, follows rank 0's output until the job ends and
+exits with the job's status (the tail of the failing rank's stderr when it failed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TextIO
+
+import submitit
+from submitit.core.utils import FailedJobError
+
+from toolkit.config.validate import tasks_per_node
+from toolkit.executors import PreparedRun, repo_root
+from toolkit.executors.slurm_jobs import JobState, failed_task, job_states, unreachable_reason
+from toolkit.executors.slurm_sbatch import Submission, log_path, plan
+
+POLL_S = 0.5
+TAIL_LINES = 20
+
+
+class EntrypointSlurmExecutor(submitit.SlurmExecutor):
+    """submitit's SlurmExecutor, srun'ing the toolkit entrypoint instead of its pickle runner.
+
+    The in-job process is then the same as with the local executor and jobs/train.sbatch:
+    same signal handling, same logging. submitit still writes the sbatch script (from
+    typed parameters it validates), submits it, and names the per-task log files.
+    """
+
+    def __init__(self, submission: Submission) -> None:
+        super().__init__(folder=submission.folder)
+        self._command = submission.command
+        self.update_parameters(**submission.parameters)
+
+    @property
+    def _submitit_command_str(self) -> str:
+        return self._command
+
+
+class SlurmExecutor:
+    def run(self, runs: list[PreparedRun]) -> int:
+        cluster, launch = runs[0].job.cluster, runs[0].job.launch
+        submission = plan(cluster, [r.run_dir for r in runs], repo_root())
+        if launch.dry_run:
+            print(submission.script(), end="")
+            return 0
+        reason = unreachable_reason()
+        if reason:
+            print(f"error: {reason}", file=sys.stderr)
+            return 1
+        try:
+            job_ids = submit(submission, runs)
+        except FailedJobError as exc:
+            message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            print(f"error: sbatch rejected the job: {message}", file=sys.stderr)
+            return 1
+        describe(submission, runs, job_ids, tasks_per_node(cluster))
+        if launch.detach:
+            return 0
+        try:
+            if len(runs) == 1:
+                return follow_job(submission.folder, job_ids[0], runs[0].run_dir, launch.follow)
+            return follow_array(submission.folder, job_ids, runs)
+        except KeyboardInterrupt:
+            print(
+                f"\nstopped following; the job keeps running (scancel {job_ids[0].split('_')[0]} "
+                "to stop it)",
+                file=sys.stderr,
+            )
+            return 130
+
+
+def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
+    """Submit through submitit (one sbatch call); return the job ids ('120_0', ... for arrays)."""
+    from toolkit.entrypoint import main as entrypoint_main
+
+    submission.folder.mkdir(parents=True, exist_ok=True)
+    if len(runs) > 1:
+        links = submission.folder / "runs"
+        links.mkdir(exist_ok=True)
+        for index, run in enumerate(runs):
+            link = links / str(index)
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(run.run_dir, target_is_directory=True)
+    executor = EntrypointSlurmExecutor(submission)
+    # submitit echoes sbatch's stderr itself; the caller reports it once, as one line.
+    with contextlib.redirect_stderr(io.StringIO()), executor.batch():
+        # The pickled call is what srun runs, recorded for reference; it is never unpickled.
+        jobs = [executor.submit(entrypoint_main, [str(run.run_dir)]) for run in runs]
+    job_ids = [job.job_id for job in jobs]
+    for index, (run, job_id) in enumerate(zip(runs, job_ids, strict=True)):
+        record = {
+            "job_id": job_id,
+            "array_index": index if len(runs) > 1 else None,
+            "slurm_folder": str(submission.folder),
+            "sbatch_script": str(submission.folder / f"{job_id}_submission.sh"),
+        }
+        (run.run_dir / "slurm.json").write_text(json.dumps(record, indent=2) + "\n")
+    return job_ids
+
+
+def describe(submission: Submission, runs: list[PreparedRun], job_ids: list[str], tasks: int):
+    cluster = runs[0].job.cluster
+    shape = f"{cluster.nodes} node(s) x {tasks} task(s)"
+    if len(runs) == 1:
+        print(f"submitted Slurm job {job_ids[0]} ({shape})", flush=True)
+        print(f"  run dir: {runs[0].run_dir}")
+        print(f"  rank 0:  {log_path(submission.folder, job_ids[0], 0, 'out')} (.err)")
+        print(f"  rank k:  {log_path(submission.folder, job_ids[0], '<rank>', 'out')}", flush=True)
+        return
+    array_id = job_ids[0].split("_")[0]
+    print(f"submitted Slurm job array {array_id}: {len(runs)} elements ({shape} each)")
+    for run, job_id in zip(runs, job_ids, strict=True):
+        print(f"  {job_id}: {' '.join(run.overrides)} -> {run.run_dir}")
+    print(f"  logs: {submission.folder}/<job>_<rank>_log.out|err", flush=True)
+
+
+class _Tail:
+    """Copies what is appended to a file onto a stream."""
+
+    def __init__(self, path: Path, stream: TextIO):
+        self.path, self.stream, self.offset = path, stream, 0
+
+    def pump(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        if data:
+            self.offset += len(data)
+            self.stream.write(data.decode(errors="replace"))
+            self.stream.flush()
+
+
+def wait(job_id: str, on_poll=None) -> dict[str, JobState]:
+    """Poll until the job (every element of an array) reached a final state."""
+    while True:
+        states = job_states(job_id)
+        if on_poll is not None:
+            on_poll(states)
+        if states and all(s.final for s in states.values()):
+            return states
+        time.sleep(POLL_S)
+
+
+def follow_job(folder: Path, job_id: str, run_dir: Path, follow: bool) -> int:
+    tails = (
+        [
+            _Tail(log_path(folder, job_id, 0, "out"), sys.stdout),
+            _Tail(log_path(folder, job_id, 0, "err"), sys.stderr),
+        ]
+        if follow
+        else []
+    )
+    state = wait(job_id, on_poll=lambda _: [t.pump() for t in tails])[job_id]
+    for t in tails:
+        t.pump()
+    code = state.exit_status()
+    if code == 0:
+        print(f"job {job_id} COMPLETED; run dir {run_dir}", flush=True)
+    else:
+        report_failure(folder, job_id, run_dir, state)
+    return code
+
+
+def follow_array(folder: Path, job_ids: list[str], runs: list[PreparedRun]) -> int:
+    seen: dict[str, str] = {}
+
+    def progress(states: dict[str, JobState]) -> None:
+        for job_id in job_ids:
+            state = states.get(job_id)
+            if state is not None and seen.get(job_id) != state.state:
+                seen[job_id] = state.state
+                print(f"  {job_id}: {state.state}", flush=True)
+
+    states = wait(job_ids[0].split("_")[0], on_poll=progress)
+    worst = 0
+    print("sweep results:")
+    for index, (run, job_id) in enumerate(zip(runs, job_ids, strict=True)):
+        state = states[job_id]
+        code = state.exit_status()
+        outcome = "ok" if code == 0 else f"{state.state} (exit {code})"
+        print(f"  [{index}] {job_id} {outcome}: {' '.join(run.overrides)} -> {run.run_dir}")
+        worst = max(worst, code)
+    for run, job_id in zip(runs, job_ids, strict=True):
+        if states[job_id].exit_status():
+            report_failure(folder, job_id, run.run_dir, states[job_id])
+    return worst
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def failing_rank(folder: Path, job_id: str, run_dir: Path) -> int | None:
+    """The rank that failed first: from its error-rank<k>.txt, else from srun's report."""
+    ranks = sorted(
+        int(p.stem.removeprefix("error-rank"))
+        for p in (run_dir / "logs").glob("error-rank*.txt")
+        if p.stem.removeprefix("error-rank").isdigit()
+    )
+    if ranks:
+        return ranks[0]
+    return failed_task(_tail(log_path(folder, job_id, 0, "err"), 200))
+
+
+def report_failure(folder: Path, job_id: str, run_dir: Path, state: JobState) -> None:
+    rank = failing_rank(folder, job_id, run_dir)
+    who = f"rank {rank}" if rank is not None else "the job"
+    print(
+        f"job {job_id} {state.state} (exit code {state.exit_code}, signal {state.signal}); "
+        f"{who} failed; run dir {run_dir}",
+        file=sys.stderr,
+    )
+    err = log_path(folder, job_id, rank if rank is not None else 0, "err")
+    text = _tail(err)
+    if text:
+        print(f"--- {err} (tail) ---\n{text}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Follow a submitted run again: `python -m toolkit.executors.slurm RUN_DIR`."""
+    run_dir = Path((argv or sys.argv[1:])[0]).resolve()
+    record = json.loads((run_dir / "slurm.json").read_text())
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    return follow_job(Path(record["slurm_folder"]), record["job_id"], run_dir, follow=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
