@@ -145,6 +145,7 @@ def test_baseline_interleaved_adds_its_columns(tmp_path):
     assert not any(math.isnan(r.baseline_time_us) for r in rows)
 
 
+@pytest.mark.slow  # ~30 s: two 2-rank runs and the launcher
 def test_sweep_of_two_settings_is_ranked_per_size_band(tmp_path):
     sweep = tmp_path / "sweep"
     proc = run_module(

@@ -27,7 +27,7 @@ def test_auto_on_an_ib_node_exports_detected_and_toolkit_variables(ib_root, tmp_
     assert environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3"
     assert environ["TORCH_FR_BUFFER_SIZE"] == "2000"
     assert environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert environ["TORCH_FR_DUMP_TEMP_FILE"] == f"{tmp_path}/nccl/flight-recorder-rank"
+    assert environ["TORCH_FR_DUMP_TEMP_FILE"] == f"{tmp_path}/nccl/flight_recorder/rank_"
 
 
 def test_precedence_detected_then_profile_then_environment_then_config(ib_root, tmp_path):

@@ -36,7 +36,7 @@ class NcclConfig:
     # TORCH_FR_BUFFER_SIZE (and its older name TORCH_NCCL_TRACE_BUFFER_SIZE): number of
     # collectives the flight recorder keeps per rank; 0 disables it.
     flight_recorder_entries: int = 2000
-    # TORCH_NCCL_DUMP_ON_TIMEOUT=1 and the dump path RUN_DIR/nccl/flight-recorder-rank<k>.
+    # TORCH_NCCL_DUMP_ON_TIMEOUT=1 and the dump path RUN_DIR/nccl/flight_recorder/rank_<k>.
     dump_on_timeout: bool = True
 
     PROFILES = ("auto", "infiniband", "roce", "ethernet", "single_node")

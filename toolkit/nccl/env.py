@@ -45,8 +45,9 @@ def toolkit_env(
     out["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = str(cfg.async_error_handling)
     entries = str(cfg.flight_recorder_entries)
     dump = cfg.dump_on_timeout and cfg.flight_recorder_entries > 0
-    # PyTorch appends the rank: RUN_DIR/nccl/flight-recorder-rank<k>
-    prefix = str(nccl_dir / "flight-recorder-rank")
+    # PyTorch appends the rank: RUN_DIR/nccl/flight_recorder/rank_<k> (the <prefix>_<rank>
+    # naming that torch.distributed.flight_recorder.fr_trace reads)
+    prefix = str(nccl_dir / "flight_recorder" / "rank_")
     out["TORCH_FR_BUFFER_SIZE"] = entries
     if dump:
         out["TORCH_FR_DUMP_TEMP_FILE"] = prefix

@@ -56,7 +56,8 @@ def configure(
     )
     if problems:
         raise NcclSetupError("; ".join(f"{where}: {p}" for p in problems))
-    (run_dir / "nccl").mkdir(parents=True, exist_ok=True)
+    # NCCL and PyTorch write their files here but do not create directories.
+    (run_dir / "nccl" / "flight_recorder").mkdir(parents=True, exist_ok=True)
     apply(settings, target)
     if env.local_rank == 0:
         for decision in decisions:
