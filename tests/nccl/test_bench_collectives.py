@@ -176,3 +176,19 @@ def test_sweep_of_two_settings_is_ranked_per_size_band(tmp_path):
         Path(sweep / "1" / "nccl-env-node0.json").read_text().count('"NCCL_SOCKET_NTHREADS": "4"')
         == 1
     )
+
+
+def test_prepare_only_writes_the_run_dir_for_the_sbatch_wrapper(tmp_path):
+    proc = run_module(
+        "toolkit.bench.collectives",
+        "--prepare",
+        "cluster.kind=slurm",
+        "cluster.nodes=2",
+        "cluster.tasks_per_node=4",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(tmp_path / "run")
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    assert "task: bench_collectives" in config and "nodes: 2" in config
+    assert not (tmp_path / "run" / "logs").exists()  # nothing started

@@ -17,7 +17,7 @@ class CollectivesConfig:
         ]
     )
     min_bytes: int = 8  # first size of the sweep (nccl-tests -b)
-    # Last size (nccl-tests -e). null: 1 GiB on GPUs, 64 MiB on CPU; always bounded by memory.
+    # Last size (nccl-tests -e). null: 1 GiB on GPUs, 16 MiB on CPU; always bounded by memory.
     max_bytes: int | None = None
     step_factor: int = 2  # sizes grow by this factor (nccl-tests -f)
     warmup_iters: int = 5  # untimed iterations per size (nccl-tests -w)
