@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import warnings
 from collections.abc import Callable, Mapping
 
+from toolkit.config.job import JobConfig
 from toolkit.config.nccl import NcclConfig
-from toolkit.nccl.known import is_nccl_family
+from toolkit.nccl.known import is_nccl_family, unknown_names
 from toolkit.nccl.sysfs import NodeTopology
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -271,14 +274,10 @@ def node_problems(
     return problems
 
 
-def check_job(job, world_size: int) -> list[str]:  # (JobConfig, int): registered in VALIDATORS
-    """Launcher-level NCCL checks; typos in variable names only warn (NCCL ignores them)."""
-    import os
-    import warnings
-
-    from toolkit.nccl.known import unknown_names
-
-    cfg: NcclConfig = job.nccl
+def check_job(job: JobConfig, world_size: int) -> list[str]:
+    """Launcher-level NCCL checks (registered in VALIDATORS); typos in variable names only
+    warn, since NCCL ignores them."""
+    cfg = job.nccl
     names = [*cfg.profile_env, *cfg.env, *(k for k in os.environ if is_nccl_family(k))]
     for line in unknown_names(names):
         warnings.warn(f"nccl: {line}", stacklevel=2)
