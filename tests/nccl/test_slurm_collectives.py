@@ -77,3 +77,28 @@ def test_sbatch_wrapper_runs_the_benchmark_on_two_nodes(slurm_cluster, tmp_path)
         p.read_text() for p in tmp_path.glob("slurm-*.out")
     )
     assert_two_node_run(run_dir)
+
+
+def test_a_settings_sweep_is_one_array_and_gets_ranked(slurm_cluster, tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_module(
+        "toolkit.launch",
+        "-m",
+        "task=bench_collectives",
+        "cluster=slurm",
+        "cluster.nodes=2",
+        "cluster.tasks_per_node=1",
+        f"cluster.partition={slurm_cluster.partition}",
+        "nccl=auto,ethernet",
+        "collectives.ops=[all_reduce]",
+        *SMALL,
+        f"hydra.sweep.dir={sweep}",
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job_ids = {json.loads((sweep / i / "slurm.json").read_text())["job_id"] for i in ("0", "1")}
+    assert len({job_id.split("_")[0] for job_id in job_ids}) == 1  # one array, two elements
+    out = run_module("toolkit.bench.compare_collectives", str(sweep))
+    assert out.returncode == 0, out.stderr
+    ranking = json.loads((sweep / "compare_collectives.json").read_text())["ranking"]
+    assert {r["label"] for r in ranking} == {"nccl=auto", "nccl=ethernet"}
