@@ -5,8 +5,8 @@ detects its own fabric and records it; the table covers 2 ranks on 2 nodes.
 """
 
 import json
-import os
 import subprocess
+import sys
 
 import pytest
 
@@ -50,12 +50,7 @@ def test_launcher_runs_the_benchmark_on_two_nodes(slurm_cluster, tmp_path):
 
 def test_sbatch_wrapper_runs_the_benchmark_on_two_nodes(slurm_cluster, tmp_path):
     run_dir = tmp_path / "wrapped"
-    env = {
-        **slurm_cluster.env,
-        "PYTHON": os.environ.get("PYTHON", __import__("sys").executable),
-        "PYTHONPATH": str(REPO),
-        "RUN_DIR": str(run_dir),
-    }
+    env = {**slurm_cluster.env, "TOOLKIT_PYTHON": sys.executable}
     proc = subprocess.run(
         [
             "sbatch",
@@ -66,6 +61,7 @@ def test_sbatch_wrapper_runs_the_benchmark_on_two_nodes(slurm_cluster, tmp_path)
             f"--output={tmp_path}/slurm-%j.out",
             str(REPO / "jobs" / "collectives.sbatch"),
             *SMALL,
+            f"hydra.run.dir={run_dir}",
         ],
         env=env,
         cwd=REPO,
