@@ -156,3 +156,12 @@ def test_the_entrypoint_stops_before_init_and_names_the_rank(tmp_path):
         in proc.stderr
     )
     assert not (run_dir / "metrics").exists()
+
+
+def test_an_exact_hca_list_applies_to_every_entry(ib_root, tmp_path):
+    # "=" makes the whole list exact: mlx5_1 exists, "mlx5_" alone names no device
+    cfg = NcclConfig(sysfs_root=str(ib_root), env={"NCCL_IB_HCA": "=mlx5_1:1,mlx5_"})
+    with pytest.raises(NcclSetupError, match="no HCA named 'mlx5_' on this node"):
+        configure(cfg, dist_env(), tmp_path, {})
+    prefix = NcclConfig(sysfs_root=str(ib_root), env={"NCCL_IB_HCA": "mlx5_1,mlx5_2:1"})
+    assert configure(prefix, dist_env(), tmp_path, {}).settings["NCCL_IB_HCA"].source == "config"

@@ -196,17 +196,17 @@ def config_problems(cfg: NcclConfig, num_nodes: int, environ: Mapping[str, str])
 
 
 def _entries(spec: str) -> tuple[bool, list[tuple[str, bool, int | None]]]:
-    """NCCL list syntax: optional ^ (exclude), then comma entries, each optional = (exact)
-    and :port. -> (exclude, [(name, exact, port)])"""
+    """NCCL list syntax: optional ^ (exclude), optional = (exact names, for the whole list),
+    then comma entries, each with an optional :port. -> (exclude, [(name, exact, port)])"""
     exclude = spec.startswith("^")
     body = spec[1:] if exclude else spec
+    exact = body.startswith("=")
     out = []
-    for raw in body.split(","):
+    for raw in body.lstrip("=").split(","):
         raw = raw.strip()
         if not raw:
             continue
-        exact = raw.startswith("=")
-        name, _, port = raw.lstrip("=").partition(":")
+        name, _, port = raw.partition(":")
         out.append((name, exact, int(port) if port.isdigit() else None))
     return exclude, out
 
