@@ -18,6 +18,7 @@ from pathlib import Path
 # task name -> "module:function(job, env, run_dir, device)"; imported lazily.
 TASKS: dict[str, str] = {
     "train": "toolkit.train.task:run",
+    "bench_collectives": "toolkit.bench.collectives:run",
 }
 
 
@@ -55,6 +56,9 @@ def run_rank(run_dir: Path) -> int:
     log = logging.getLogger("toolkit.entrypoint")
     try:
         job = load_job(run_dir / "config.yaml")
+        from toolkit.nccl import configure  # NCCL/PyTorch variables, checked against the node
+
+        configure(job.nccl, env, run_dir)
         device = init_distributed(env, job.nccl.timeout_s)
         if env.is_rank0:
             write_snapshot(run_dir / "env.json")
