@@ -18,6 +18,7 @@ from pathlib import Path
 # task name -> "module:function(job, env, run_dir, device)"; imported lazily.
 TASKS: dict[str, str] = {
     "train": "toolkit.train.task:run",
+    "bench_train": "toolkit.bench.task:run",  # task=train plus memory probes (toolkit.bench)
 }
 
 
