@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--eval-every", type=int, default=10, help="evaluation interval with --target-loss"
     )
     p.add_argument("--out", type=Path, default=None, help="run directory (sweep directory with -m)")
+    p.add_argument(
+        "--exact-rss",
+        action="store_true",
+        help="CPU memory check: make freed memory leave the RSS (slows steps; not for timing)",
+    )
     p.add_argument(
         "--analyze", type=Path, default=None, help="only analyze this finished run/sweep"
     )
@@ -136,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         out = args.analyze.resolve()
     else:
         from toolkit.launch import main as launch
+
+        if args.exact_rss:
+            # glibc keeps freed blocks below its (adaptive) mmap threshold in its arenas, so
+            # the RSS overstates live memory; a fixed small threshold maps and unmaps every
+            # large block. The ranks inherit the environment.
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
 
         out = (args.out or Path("outputs/bench") / time.strftime("%Y-%m-%d/%H-%M-%S")).resolve()
         code = launch([*(["-m"] if args.multirun else []), *launch_overrides(args, out)])
