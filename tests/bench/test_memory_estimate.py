@@ -17,6 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_parameter_and_optimizer_memory_within_10_percent_of_rss_growth(tmp_path):
     out = tmp_path / "mem"
     proc = subprocess.run(

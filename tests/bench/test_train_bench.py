@@ -77,7 +77,7 @@ def test_two_point_sweep_prints_a_comparison_with_scaling_efficiency_and_plots(t
         "--warmup",
         "1",
         "--steps",
-        "3",
+        "2",
         "--out",
         str(out),
         "model=gpt_tiny",

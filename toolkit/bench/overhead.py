@@ -14,7 +14,10 @@ shapes, batches, precision and world size, interleaved A B A B for R repetitions
 Each repetition builds both from scratch (build time not measured), skips W warm-up steps
 and times N steps on rank 0 (perf_counter between step ends). The reported figure is the
 median over repetitions of toolkit_step_s / bare_step_s (each the median step time
-of its repetition) (target <= 1.02).
+of its repetition) (target <= 1.02). The same ratio in CPU time of rank 0's process
+(all threads: the toolkit's prefetch thread counts) is reported beside it: on a machine
+shared with other work, wall time swings with the neighbours' load while CPU time per step
+does not.
 """
 
 from __future__ import annotations
@@ -46,12 +49,17 @@ DEFAULTS = [
 
 
 # -- B: the baseline, written the way one would by hand ------------------------------------
+def now() -> tuple[float, float]:
+    """(wall clock, CPU time of this process: all its threads)."""
+    return time.perf_counter(), time.process_time()
+
+
 def bare_loop(
     job: JobConfig,
     batches: list[list[tuple[torch.Tensor, torch.Tensor]]],
     device: torch.device,
-) -> list[float]:
-    """Train on `batches` (one list of micro-batches per step); perf_counter at each step end."""
+) -> list[tuple[float, float]]:
+    """Train on `batches` (one list of micro-batches per step); now() at each step end."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -82,7 +90,7 @@ def bare_loop(
         foreach=True,
     )
     accum = len(batches[0])
-    ends = [time.perf_counter()]
+    ends = [now()]
     for micro_batches in batches:
         for inputs, targets in micro_batches:
             loss = model(inputs.to(device), targets.to(device)) / accum
@@ -91,29 +99,31 @@ def bare_loop(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         loss.item()
-        ends.append(time.perf_counter())
+        ends.append(now())
     return ends
 
 
 # -- A: the toolkit ------------------------------------------------------------------------
 class StepClock:
-    """Loop hook: perf_counter when fit starts and at the end of every step."""
+    """Loop hook: now() when fit starts and at the end of every step."""
 
     def __init__(self) -> None:
-        self.ends: list[float] = []
+        self.ends: list[tuple[float, float]] = []
 
     def on_start(self, trainer: Any) -> None:
-        self.ends.append(time.perf_counter())
+        self.ends.append(now())
 
     def after_step(self, trainer: Any, record: Any) -> bool:
-        self.ends.append(time.perf_counter())
+        self.ends.append(now())
         return False
 
     def on_end(self, trainer: Any) -> None:
         pass
 
 
-def toolkit_loop(job: JobConfig, env: Any, run_dir: Path, device: torch.device) -> list[float]:
+def toolkit_loop(
+    job: JobConfig, env: Any, run_dir: Path, device: torch.device
+) -> list[tuple[float, float]]:
     from toolkit.train.task import build_trainer
 
     trainer = build_trainer(job, env, run_dir, device)
@@ -157,14 +167,28 @@ def worker(rank: int, world: int, port: int, job: JobConfig, args: dict, out: st
         for rep in range(args["reps"]):
             run_dir = Path(out) / f"rep{rep}"
             dist.barrier()
-            a = step_seconds(toolkit_loop(job, env, run_dir, device), args["warmup"])
+            ta = toolkit_loop(job, env, run_dir, device)
             dist.barrier()
-            b = step_seconds(bare_loop(job, batches, device), args["warmup"])
-            rows.append({"rep": rep, "toolkit_step_s": a, "bare_step_s": b, "ratio": a / b})
+            tb = bare_loop(job, batches, device)
+            w = args["warmup"]
+            a, b = step_seconds([t[0] for t in ta], w), step_seconds([t[0] for t in tb], w)
+            ca, cb = step_seconds([t[1] for t in ta], w), step_seconds([t[1] for t in tb], w)
+            rows.append(
+                {
+                    "rep": rep,
+                    "toolkit_step_s": a,
+                    "bare_step_s": b,
+                    "ratio": a / b,
+                    "toolkit_cpu_s": ca,
+                    "bare_cpu_s": cb,
+                    "cpu_ratio": ca / cb,
+                }
+            )
             if rank == 0:
                 print(
-                    f"rep {rep}: toolkit {1000 * a:.1f} ms  bare {1000 * b:.1f} ms  "
-                    f"ratio {a / b:.3f}",
+                    f"rep {rep}: wall toolkit {1000 * a:.1f} ms  bare {1000 * b:.1f} ms  "
+                    f"ratio {a / b:.3f} | CPU time {1000 * ca:.1f} / {1000 * cb:.1f} ms  "
+                    f"ratio {ca / cb:.3f}",
                     flush=True,
                 )
     finally:
@@ -210,8 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     mp.spawn(worker, args=(args.world, free_port(), job, settings, str(out)), nprocs=args.world)
     rows = json.loads((out / "overhead.json").read_text())
+    ratios = [r["ratio"] for r in rows]
+    cpu_ratios = [r["cpu_ratio"] for r in rows]
     result = {
-        "median_ratio": statistics.median(r["ratio"] for r in rows),
+        "median_ratio": statistics.median(ratios),
+        "ratio_min_max": [min(ratios), max(ratios)],
+        "median_cpu_ratio": statistics.median(cpu_ratios),
+        "cpu_ratio_min_max": [min(cpu_ratios), max(cpu_ratios)],
         "toolkit_step_s_median": statistics.median(r["toolkit_step_s"] for r in rows),
         "bare_step_s_median": statistics.median(r["bare_step_s"] for r in rows),
         "reps": rows,
