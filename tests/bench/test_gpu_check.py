@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -103,3 +104,29 @@ def test_nvml_sampler_writes_nonempty_hdf5_and_survives_failed_samples(tmp_path)
         assert f["nvml/power_w"][0] == 450.0  # watts, converted from milliwatts
         assert f["nvml/mem_used_bytes"][0] == 12 * 2**30
         assert f["nvml"].attrs["errors"] == sampler.errors
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_check_passes_on_a_cuda_machine_within_8_minutes(tmp_path):
+    started = time.time()
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "gpu_check.sh"), "--out", str(tmp_path / "gpu")],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert time.time() - started < 480
+    report = json.loads((tmp_path / "gpu" / "gpu_check.json").read_text())
+    assert report["nccl"]["ok"]
+    assert report["telemetry"]["samples"] > 0
+    assert {(r["name"], r["compile"]) for r in report["runs"]} == {
+        ("gpt_small", False),
+        ("gpt_small", True),
+        ("gpt_1b", False),
+        ("gpt_1b", True),
+    }
+    assert "passed in" in proc.stdout[-1000:]  # the table's caption, printed last
