@@ -109,7 +109,13 @@ def analyze(out: Path, warmup: int) -> dict[str, Any]:
         raise FileNotFoundError(f"{out}: no run directory (config.yaml) found")
     summaries = []
     for d in dirs:
-        summary, prediction = analyze_run(d, warmup)
+        try:
+            summary, prediction = analyze_run(d, warmup)
+        except (FileNotFoundError, ValueError) as exc:
+            if len(dirs) == 1:
+                raise
+            console.print(f"[red]skipped {d}: {exc}")  # a failed run of a sweep
+            continue
         measured = {
             **summary,
             "step_time_s": summary["step_time_s_median"],
@@ -121,6 +127,8 @@ def analyze(out: Path, warmup: int) -> dict[str, Any]:
         summaries.append(summary)
     if len(dirs) == 1 and dirs[0] == out:
         return summaries[0]
+    if not summaries:
+        raise ValueError(f"{out}: no run of the sweep has step records")
     mark_varying(summaries)
     add_scaling_efficiency(summaries)
     console.print(f"sweep directory: {out}")
@@ -138,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
         return 2
+    code = 0
     if args.analyze is not None:
         out = args.analyze.resolve()
     else:
@@ -152,8 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         out = (args.out or Path("outputs/bench") / time.strftime("%Y-%m-%d/%H-%M-%S")).resolve()
         code = launch([*(["-m"] if args.multirun else []), *launch_overrides(args, out)])
         if code != 0:
-            print(f"error: the benchmark run failed (exit {code}); see {out}", file=sys.stderr)
-            return code
+            print(f"error: a benchmark run failed (exit {code}); see {out}", file=sys.stderr)
+            if not args.multirun:
+                return code  # a sweep still reports the runs that finished
         if not any((d / "metrics").is_dir() for d in run_dirs(out)):
             print(
                 f"submitted without waiting; analyze later: python -m toolkit.bench.train "
@@ -168,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     line = json.dumps(result if "runs" not in result else compact(result))
     (out / "bench.json").write_text(line + "\n")
     print(line)
-    return 0
+    return code
 
 
 def compact(sweep: dict[str, Any]) -> dict[str, Any]:
@@ -186,6 +196,7 @@ def compact(sweep: dict[str, Any]) -> dict[str, Any]:
         "predicted_step_s",
         "step_time_ratio",
         "scaling_efficiency",
+        "reached_target",
         "time_to_target_s",
         "tokens_to_target",
     )
