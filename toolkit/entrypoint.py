@@ -19,6 +19,7 @@ from pathlib import Path
 TASKS: dict[str, str] = {
     "train": "toolkit.train.task:run",
     "bench_collectives": "toolkit.bench.collectives:run",
+    "bench_train": "toolkit.bench.task:run",  # task=train plus memory probes (toolkit.bench)
 }
 
 
