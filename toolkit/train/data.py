@@ -53,7 +53,9 @@ class ArraySource:
 
 @dataclass
 class SyntheticTokens:
-    """Uniform random tokens, generated from the window starts (deterministic, no I/O)."""
+    """Uniform random tokens; each window is generated from its own start (deterministic, no
+    I/O, and the same window whatever micro-batch it lands in, so any world size sees the
+    same global batch)."""
 
     vocab_size: int
     length: int = 1 << 30
@@ -62,8 +64,10 @@ class SyntheticTokens:
         return self.length
 
     def window(self, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = np.random.default_rng(starts.astype(np.uint64))
-        t = torch.from_numpy(rng.integers(0, self.vocab_size, (len(starts), seq_len + 1)))
+        rows = [
+            np.random.default_rng(int(s)).integers(0, self.vocab_size, seq_len + 1) for s in starts
+        ]
+        t = torch.from_numpy(np.stack(rows))
         return t[:, :-1], t[:, 1:]
 
 
