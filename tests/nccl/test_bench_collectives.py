@@ -138,7 +138,9 @@ def test_baseline_interleaved_adds_its_columns(tmp_path):
         module="toolkit.bench.collectives_baseline",
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "base busbw" in (tmp_path / "run" / "collectives.txt").read_text()
+    table = (tmp_path / "run" / "collectives.txt").read_text()
+    assert "base busbw" in table
+    assert "# all_reduce: busbw / baseline busbw : median " in table
     rows, _ = read_h5(tmp_path / "run" / "collectives.h5")
     assert [r.size_bytes for r in rows] == [16384, 32768, 65536]
     assert all(r.baseline_busbw_gbps > 0 and r.paired_ratio > 0 for r in rows)
