@@ -13,7 +13,6 @@ average busbw below collectives.expected_busbw_gbps (exit 4) fail the run, after
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import statistics
 import sys
@@ -247,47 +246,11 @@ def verdict(cfg: CollectivesConfig, rows: list[Row]) -> tuple[int, list[str]] | 
     return None
 
 
-def prepare_run_dir(overrides: list[str], environ: dict[str, str]) -> Path:
-    """Inside a Slurm batch script (jobs/collectives.sbatch): compose the benchmark for the
-    allocation it runs in (its nodes and tasks come last), write RUN_DIR/config.yaml, start
-    nothing. Without hydra.run.dir: SLURM_SUBMIT_DIR/outputs/collectives/<job id>."""
-    from omegaconf import OmegaConf
-
-    from toolkit.launch import prepare, write_run_dir
-
-    nodes = int(environ["SLURM_JOB_NUM_NODES"])
-    tasks = int(environ["SLURM_NTASKS"]) // nodes
-    shape = [f"cluster.nodes={nodes}", f"cluster.tasks_per_node={tasks}"]
-    user_dir = any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides)
-    default_dir = (
-        Path(environ.get("SLURM_SUBMIT_DIR", "."))
-        / "outputs"
-        / "collectives"
-        / environ["SLURM_JOB_ID"]
-    )
-    full = ["cluster.kind=slurm", *overrides, *shape, "task=bench_collectives"]
-    if not user_dir:
-        full.append(f"hydra.run.dir={default_dir}")
-    (run,), (cfg,) = prepare([full], multirun=False)
-    write_run_dir(run, OmegaConf.to_container(cfg.hydra.runtime.choices))
-    return run.run_dir
-
-
 def main(argv: list[str] | None = None) -> int:
-    """`python -m toolkit.bench.collectives OVERRIDES`: the launcher with task=bench_collectives.
-    `--prepare OVERRIDES` only writes the run directory and prints its path."""
-    from toolkit.config.errors import ConfigError
+    """`python -m toolkit.bench.collectives OVERRIDES`: the launcher with task=bench_collectives."""
     from toolkit.launch import main as launch
 
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--prepare"]:
-        try:
-            print(prepare_run_dir(args[1:], dict(os.environ)))
-        except ConfigError as exc:
-            for line in exc.problems:
-                print(f"error: {line}", file=sys.stderr)
-            return 2
-        return 0
     return launch([*args, "task=bench_collectives"])
 
 

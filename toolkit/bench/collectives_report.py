@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -59,10 +61,17 @@ def op_header(op: str, compare_baseline: bool) -> list[str]:
 
 
 def op_footer(op: str, op_rows: list[Row]) -> list[str]:
-    return [
+    lines = [
         f"# {op}: out of bounds values : {sum(r.wrong for r in op_rows)} (wrong)",
         f"# {op}: Avg bus bandwidth    : {average([r.busbw_gbps for r in op_rows]):.4f} GB/s",
     ]
+    ratios = [r.paired_ratio for r in op_rows if not math.isnan(r.paired_ratio)]
+    if ratios:
+        lines.append(
+            f"# {op}: busbw / baseline busbw : median {statistics.median(ratios):.3f} "
+            f"over {len(ratios)} sizes (min {min(ratios):.3f}, max {max(ratios):.3f})"
+        )
+    return lines
 
 
 def format_table(rows: list[Row], ops: list[str], compare_baseline: bool, title: str) -> str:
