@@ -18,6 +18,8 @@ from pathlib import Path
 # task name -> "module:function(job, env, run_dir, device)"; imported lazily.
 TASKS: dict[str, str] = {
     "train": "toolkit.train.task:run",
+    "bench_collectives": "toolkit.bench.collectives:run",
+    "bench_train": "toolkit.bench.task:run",  # task=train plus memory probes (toolkit.bench)
 }
 
 
@@ -55,13 +57,16 @@ def run_rank(run_dir: Path) -> int:
     log = logging.getLogger("toolkit.entrypoint")
     try:
         job = load_job(run_dir / "config.yaml")
+        from toolkit.nccl import configure  # NCCL/PyTorch variables, checked against the node
+
+        configure(job.nccl, env, run_dir)
         device = init_distributed(env, job.nccl.timeout_s)
         if env.is_rank0:
             write_snapshot(run_dir / "env.json")
             log.info(
                 "world %d (%s), device %s, run dir %s", env.world_size, env.source, device, run_dir
             )
-        resolve_task(job.task)(job, env, run_dir, device)
+        result = resolve_task(job.task)(job, env, run_dir, device)
     except BaseException as exc:  # noqa: BLE001 - every failure must surface with its rank
         text = traceback.format_exc()
         log.error("rank %d failed: %s: %s\n%s", env.rank, type(exc).__name__, exc, text)
@@ -76,13 +81,35 @@ def run_rank(run_dir: Path) -> int:
         )
         os._exit(code)  # do not wait for peers or background threads
     shutdown_distributed()
+    # A task may ask for a distinct exit code (e.g. 75: checkpointed after a signal).
+    return int(result.get("exit_code", 0)) if isinstance(result, dict) else 0
+
+
+def compose(overrides: list[str]) -> int:
+    """`--compose OVERRIDE...`: in a batch script, prepare the run dir and print its path."""
+    from toolkit.config.errors import ConfigError
+    from toolkit.launch import prepare_in_allocation
+
+    try:
+        run_dir = prepare_in_allocation(overrides, dict(os.environ))
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    print(run_dir)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--compose"]:
+        return compose(args[1:])
     if len(args) != 1:
-        print("usage: python -m toolkit.entrypoint RUN_DIR", file=sys.stderr)
+        print(
+            "usage: python -m toolkit.entrypoint RUN_DIR\n"
+            "       python -m toolkit.entrypoint --compose [OVERRIDE ...]  (in a batch script)",
+            file=sys.stderr,
+        )
         return 2
     return run_rank(Path(args[0]).resolve())
 

@@ -31,9 +31,7 @@ class SlurmCluster:
     node_names: list[str] = field(default_factory=lambda: ["n1", "n2"])
     partition: str = "debug"
 
-    def run(
-        self, *args: str, timeout_s: float = 60
-    ) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
         """Run a command (e.g. sinfo, sbatch) against the cluster, capturing text output."""
         return subprocess.run(
             list(args),
@@ -53,17 +51,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _unavailable(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(
-            f"dev Slurm cluster unavailable under CI=true: {reason}", pytrace=False
-        )
+        pytest.fail(f"dev Slurm cluster unavailable under CI=true: {reason}", pytrace=False)
     pytest.skip(f"dev Slurm cluster unavailable: {reason}")
 
 
 def _exports(script: Path) -> dict[str, str]:
     """Parse the `export NAME=VALUE` lines printed by `dev-cluster env`."""
-    out = subprocess.run(
-        [str(script), "env"], capture_output=True, text=True, check=True
-    ).stdout
+    out = subprocess.run([str(script), "env"], capture_output=True, text=True, check=True).stdout
     exports = {}
     for line in out.splitlines():
         words = shlex.split(line)

@@ -23,6 +23,20 @@ FINAL_STATES = frozenset(
         "SPECIAL_EXIT",
     }
 )
+# Pending reasons that never clear by themselves: the request exceeds what the partition, QOS
+# or association allows (clusters without EnforcePartLimits accept such jobs and keep them).
+NEVER_RUNS = frozenset(
+    {
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "PartitionConfig",
+        "BadConstraints",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxWallDurationPerJobLimit",
+        "AssocMaxNodesPerJobLimit",
+        "AssocMaxWallDurationPerJobLimit",
+    }
+)
 HOW_TO_POINT = (
     "point SLURM_CONF at your cluster's slurm.conf (or run on a login node), or start the "
     'local dev cluster: scripts/dev-cluster up && eval "$(scripts/dev-cluster env)"'
@@ -34,10 +48,15 @@ class JobState:
     state: str  # e.g. RUNNING, COMPLETED, FAILED
     exit_code: int  # the batch script's exit code
     signal: int  # the signal that ended it, 0 if none
+    reason: str = ""  # why it is pending, e.g. Resources, Priority, PartitionNodeLimit
 
     @property
     def final(self) -> bool:
         return self.state in FINAL_STATES
+
+    @property
+    def never_runs(self) -> bool:
+        return self.state == "PENDING" and self.reason in NEVER_RUNS
 
     def exit_status(self) -> int:
         """What `launch` exits with: 0 only for COMPLETED."""
@@ -90,7 +109,11 @@ def _scontrol_states(job_id: str) -> dict[str, JobState] | None:
         fields = dict(re.findall(r"(\w+)=(\S*)", line))
         if "JobState" not in fields:
             continue
-        state = JobState(fields["JobState"], *_exit_code(fields.get("ExitCode", "0:0")))
+        state = JobState(
+            fields["JobState"],
+            *_exit_code(fields.get("ExitCode", "0:0")),
+            reason=fields.get("Reason", ""),
+        )
         array_job, task = fields.get("ArrayJobId"), fields.get("ArrayTaskId")
         if not array_job or task is None:
             states[fields["JobId"]] = state
@@ -135,3 +158,7 @@ def failed_task(batch_stderr: str) -> int | None:
     """The first task srun reported as failed ("srun: error: n2: task 1: Exited ...")."""
     m = re.search(r"task (\d+): (?:Exited|Killed|Terminated|Segmentation|Aborted)", batch_stderr)
     return int(m.group(1)) if m else None
+
+
+def cancel(job_id: str) -> None:
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)
