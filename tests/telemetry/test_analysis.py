@@ -9,6 +9,7 @@ from toolkit.config.telemetry import ReportConfig
 from toolkit.telemetry.report.analysis import (
     RankSeries,
     attribute_time,
+    blocking_span,
     find_idle_gaps,
     find_stragglers,
     is_blocking_checkpoint,
@@ -28,10 +29,18 @@ def ev(name: str, start: float, end: float, rank: int = 0, **attrs) -> dict:
         (ev("checkpoint", 0, 1, phase="write"), False),
         (ev("checkpoint_background_write", 0, 1), False),
         (ev("eval", 0, 1), False),
+        (ev("checkpoint", 0, 30, stall_s=0.8, write_s=29.0, **{"async": True}), True),
+        (ev("checkpoint", 0, 30, stall_s=0.0, **{"async": True}), False),
     ],
 )
 def test_which_checkpoint_events_stall_training(event, blocking):
     assert is_blocking_checkpoint(event) is blocking
+
+
+def test_an_async_checkpoint_stalls_only_for_its_stall_s():
+    """The checkpoint component's event spans staging and the background write."""
+    event = ev("checkpoint", 100.0, 130.0, stall_s=0.8, staging_s=0.7, write_s=29.0)
+    assert blocking_span(event) == (100.0, 100.8)
 
 
 def series(

@@ -18,14 +18,41 @@ from toolkit.telemetry.sources.nvml import THROTTLE_MASK
 NON_BLOCKING_MARKERS = ("write", "background", "async", "upload")
 
 
-def is_blocking_checkpoint(event: dict[str, Any]) -> bool:
-    """Checkpoint events stall training unless their phase (attrs["phase"] or the name
-    after "checkpoint") says the work ran in the background."""
+def blocking_span(event: dict[str, Any]) -> tuple[float, float] | None:
+    """The part of a checkpoint event during which training waited, or None.
+
+    The checkpoint component emits one `checkpoint` event per save spanning staging and the
+    background write, with attrs["stall_s"]: the loop was blocked from the start for that
+    long. Without stall_s the whole event blocks, unless its phase (attrs["phase"] or the
+    name after "checkpoint") says the work ran in the background."""
     name = event["name"]
     if not name.startswith(CHECKPOINT):
-        return False
+        return None
+    stall = event["attrs"].get("stall_s")
+    if isinstance(stall, (int, float)):
+        return (event["start"], event["start"] + max(0.0, float(stall)))
     phase = f"{name} {event['attrs'].get('phase', '')}".lower()
-    return not any(marker in phase for marker in NON_BLOCKING_MARKERS)
+    if any(marker in phase for marker in NON_BLOCKING_MARKERS):
+        return None
+    return (event["start"], event["end"])
+
+
+def is_blocking_checkpoint(event: dict[str, Any]) -> bool:
+    span = blocking_span(event)
+    return span is not None and span[1] > span[0]
+
+
+def explaining_spans(events: list[dict[str, Any]]) -> list[tuple[float, float, str]]:
+    """(start, end, name) of what can explain a pause between steps: checkpoint stalls,
+    evaluations, preemptions and restarts."""
+    out = []
+    for e in events:
+        span = blocking_span(e)
+        if span is not None:
+            out.append((span[0], span[1], e["name"]))
+        elif e["name"] in (EVAL, PREEMPTION, RESTART):
+            out.append((e["start"], e["end"], e["name"]))
+    return out
 
 
 @dataclass
@@ -276,13 +303,11 @@ def find_idle_gaps(
             m[3] = m[3] or restart
         else:
             merged.append([a, b, {r}, restart])
-    explaining = [
-        e for e in events if e["name"] in (EVAL, PREEMPTION, RESTART) or is_blocking_checkpoint(e)
-    ]
+    explaining = explaining_spans(events)
     out = []
     for a, b, ranks, restart in merged:
-        names = sorted({e["name"] for e in explaining if e["end"] >= a and e["start"] <= b})
-        share = _covered([(e["start"], e["end"]) for e in explaining], a, b) / max(b - a, 1e-9)
+        names = sorted({name for s, e, name in explaining if e >= a and s <= b})
+        share = _covered([(s, e) for s, e, _name in explaining], a, b) / max(b - a, 1e-9)
         if restart:
             text = "restart (job attempt changed)" + (
                 f"; events: {', '.join(names)}" if names else ""
@@ -337,7 +362,8 @@ def attribute_time(series: dict[int, RankSeries], events: list[dict[str, Any]]) 
         ends = [float(cols["wall_time"][s.attempt == a].max()) for a in np.unique(s.attempt)]
         downtime += sum(max(0.0, b - a) for a, b in zip(ends[:-1], starts[1:], strict=False))
         mine = by_rank.get(r, [])
-        stall = sum(e["end"] - e["start"] for e in mine if is_blocking_checkpoint(e))
+        spans = [blocking_span(e) for e in mine]
+        stall = sum(span[1] - span[0] for span in spans if span is not None)
         ev = sum(e["end"] - e["start"] for e in mine if e["name"] == EVAL)
         cats["compute"] += in_step - wait - comm
         cats["data_wait"] += wait

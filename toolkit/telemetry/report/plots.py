@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from toolkit.telemetry.read import RunData
-from toolkit.telemetry.report.analysis import RankSeries, is_blocking_checkpoint
+from toolkit.telemetry.report.analysis import RankSeries, blocking_span
 from toolkit.telemetry.schema import PREEMPTION, RESTART
 
 if TYPE_CHECKING:
@@ -149,7 +149,9 @@ def throughput_plot(
         spans.setdefault((e["name"], round(e["start"]), round(e["end"])), e)
     for e in spans.values():
         x0, x1 = (e["start"] - t0) / 60.0, (e["end"] - t0) / 60.0
-        if is_blocking_checkpoint(e):
+        stall = blocking_span(e)
+        if stall is not None:
+            x1 = (stall[1] - t0) / 60.0
             kind, color = "checkpoint stall", "tab:orange"
             ax.axvspan(
                 x0, max(x1, x0 + 0.05), color=color, alpha=0.3, label=None if kind in seen else kind
