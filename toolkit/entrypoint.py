@@ -18,6 +18,8 @@ from pathlib import Path
 # task name -> "module:function(job, env, run_dir, device)"; imported lazily.
 TASKS: dict[str, str] = {
     "train": "toolkit.train.task:run",
+    "bench_collectives": "toolkit.bench.collectives:run",
+    "bench_train": "toolkit.bench.task:run",  # task=train plus memory probes (toolkit.bench)
 }
 
 
@@ -55,13 +57,16 @@ def run_rank(run_dir: Path) -> int:
     log = logging.getLogger("toolkit.entrypoint")
     try:
         job = load_job(run_dir / "config.yaml")
+        from toolkit.nccl import configure  # NCCL/PyTorch variables, checked against the node
+
+        configure(job.nccl, env, run_dir)
         device = init_distributed(env, job.nccl.timeout_s)
         if env.is_rank0:
             write_snapshot(run_dir / "env.json")
             log.info(
                 "world %d (%s), device %s, run dir %s", env.world_size, env.source, device, run_dir
             )
-        resolve_task(job.task)(job, env, run_dir, device)
+        result = resolve_task(job.task)(job, env, run_dir, device)
     except BaseException as exc:  # noqa: BLE001 - every failure must surface with its rank
         text = traceback.format_exc()
         log.error("rank %d failed: %s: %s\n%s", env.rank, type(exc).__name__, exc, text)
@@ -76,7 +81,8 @@ def run_rank(run_dir: Path) -> int:
         )
         os._exit(code)  # do not wait for peers or background threads
     shutdown_distributed()
-    return 0
+    # A task may ask for a distinct exit code (e.g. 75: checkpointed after a signal).
+    return int(result.get("exit_code", 0)) if isinstance(result, dict) else 0
 
 
 def compose(overrides: list[str]) -> int:

@@ -7,10 +7,54 @@ from dataclasses import dataclass
 
 @dataclass
 class CheckpointConfig:
+    """Sharded DCP checkpoints in RUN_DIR/checkpoints/step-<N>, committed atomically."""
+
     enabled: bool = False
-    interval_steps: int = 0  # 0: only on demand / at preemption
-    async_save: bool = True
-    keep_last: int = 2
+    interval_steps: int = 0  # 0: only on demand, at the last step and at preemption
+    async_save: bool = True  # stage to CPU, write in the background; False: blocking DCP save
+    save_final: bool = True  # also checkpoint after the last training step
+    keep_last: int = 2  # committed checkpoints kept (the newest is never deleted)
     keep_every: int = 0  # also keep every M-th step forever; 0: none
     resume: bool = True  # resume from the latest committed checkpoint in the run dir
-    resume_from: str | None = None  # an explicit checkpoint directory
+    resume_from: str | None = None  # an explicit checkpoint directory (wins over resume)
+    verify: bool = True  # check every file's size and sha256 against the manifest before loading
+    on_corrupt: str = "fallback"  # fallback: warn and use the previous one | fail: stop
+    on_save_error: str = "continue"  # continue: warn and train on | stop: stop cleanly
+    max_restarts: int = 10  # Slurm requeues allowed (SLURM_RESTART_COUNT); then stop for good
+    requeue: bool = True  # on Slurm, requeue the job after the preemption checkpoint
+    # Fault injection for tests: the writer fails with ENOSPC once a rank has written this
+    # many bytes of one checkpoint, or stalls for fault_stall_s at step fault_stall_step.
+    fault_enospc_after_bytes: int | None = None
+    fault_stall_step: int | None = None
+    fault_stall_s: float = 3600.0
+
+    ON_CORRUPT = ("fallback", "fail")
+    ON_SAVE_ERROR = ("continue", "stop")
+
+
+def validate_checkpoint(cfg: CheckpointConfig) -> list[str]:
+    """Problems with the checkpoint group, one line each (field, value, what is allowed)."""
+    p = []
+    if cfg.interval_steps < 0:
+        p.append(f"checkpoint.interval_steps={cfg.interval_steps}: must be >= 0 (0: no interval)")
+    if cfg.keep_last < 1:
+        p.append(f"checkpoint.keep_last={cfg.keep_last}: must be >= 1 (the newest is always kept)")
+    if cfg.keep_every < 0:
+        p.append(f"checkpoint.keep_every={cfg.keep_every}: must be >= 0 (0: none kept forever)")
+    if cfg.on_corrupt not in CheckpointConfig.ON_CORRUPT:
+        p.append(
+            f"checkpoint.on_corrupt={cfg.on_corrupt}: unknown; allowed: "
+            + ", ".join(CheckpointConfig.ON_CORRUPT)
+        )
+    if cfg.on_save_error not in CheckpointConfig.ON_SAVE_ERROR:
+        p.append(
+            f"checkpoint.on_save_error={cfg.on_save_error}: unknown; allowed: "
+            + ", ".join(CheckpointConfig.ON_SAVE_ERROR)
+        )
+    if cfg.max_restarts < 0:
+        p.append(f"checkpoint.max_restarts={cfg.max_restarts}: must be >= 0")
+    if cfg.fault_enospc_after_bytes is not None and cfg.fault_enospc_after_bytes < 0:
+        p.append(
+            f"checkpoint.fault_enospc_after_bytes={cfg.fault_enospc_after_bytes}: must be >= 0"
+        )
+    return p

@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from toolkit.config.checkpoint import validate_checkpoint
 from toolkit.config.cluster import ClusterConfig, slurm_problems
 from toolkit.config.data import DataConfig
 from toolkit.config.errors import ConfigError
@@ -17,7 +18,7 @@ from toolkit.config.model import ModelConfig
 from toolkit.config.precision import PrecisionConfig
 
 Validator = Callable[[JobConfig, int], list[str]]
-VALIDATORS: list[Validator] = []
+VALIDATORS: list[Validator] = [lambda job, world: validate_checkpoint(job.checkpoint)]
 
 
 def local_gpu_count() -> int:
@@ -168,3 +169,11 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(problems)
     if job.cluster.kind == "local" and (job.cluster.partition or job.cluster.account):
         warnings.warn("cluster.partition/account are ignored by cluster=local", stacklevel=2)
+
+
+# Component checks (each module owns its own; imported last to avoid import cycles).
+from toolkit.config.collectives import collectives_problems  # noqa: E402
+from toolkit.nccl.checks import check_job as _check_nccl  # noqa: E402
+
+VALIDATORS.append(_check_nccl)
+VALIDATORS.append(lambda job, world: collectives_problems(job.collectives, world))

@@ -15,6 +15,7 @@ from toolkit.config.job import JobConfig
 from toolkit.config.validate import micro_batch_size
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import build_mesh, local_param_bytes, parallelize
+from toolkit.telemetry.sink import build_telemetry_sinks
 from toolkit.train.data import BatchPlan, Loader, open_sources
 from toolkit.train.flops import flops_per_token
 from toolkit.train.loop import Hook, Trainer
@@ -29,12 +30,29 @@ def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics", env.rank)]
     if env.is_rank0:
         sinks.append(ConsoleSink(job.trainer.steps, 0, job.trainer.log_every, job.trainer.progress))
+    sinks += build_telemetry_sinks(job.telemetry, env, run_dir)  # every rank: one collective
     return sinks
 
 
 def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
     """Checkpointing, telemetry and preemption attach here."""
-    return []
+    hooks: list[Hook] = []
+    if job.checkpoint.enabled:
+        from toolkit.checkpoint.hook import CheckpointHook, slurm_job_id
+        from toolkit.config.compose import job_to_dict
+
+        hooks.append(
+            CheckpointHook(
+                job.checkpoint,
+                run_dir,
+                job_to_dict(job),
+                sink,
+                signal_name=job.cluster.signal,
+                signal_lead_s=job.cluster.signal_lead_s,
+                slurm_job_id=slurm_job_id(env.source),
+            )
+        )
+    return hooks
 
 
 def write_shard_info(model: torch.nn.Module, path: Path) -> None:
@@ -104,6 +122,7 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> di
     finally:
         trainer.sink.close()
     summary["run_dir"] = str(run_dir)
+    summary["exit_code"] = int(trainer.state.extra.pop("exit_code", 0))  # set by a hook
     if env.is_rank0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print_summary(summary)

@@ -1,0 +1,66 @@
+"""The manifest names the bad file; discovery ignores torn and corrupt checkpoints."""
+
+import os
+import pickle
+
+import pytest
+
+from toolkit.checkpoint.discovery import latest_valid, remove_torn
+from toolkit.checkpoint.layout import MANIFEST, committed_path, tmp_path
+from toolkit.checkpoint.manifest import CheckpointCorrupt, build_manifest, verify
+from toolkit.checkpoint.storage import LocalStorage, SafeFileSystemReader
+
+
+def make_checkpoint(root, step, payload=b"x" * 1000):
+    d = committed_path(root, step)
+    d.mkdir(parents=True)
+    (d / ".metadata").write_bytes(b"meta")
+    (d / "__0_0.distcp").write_bytes(payload)
+    (d / MANIFEST).write_text(build_manifest(d, step, 2, "abc").to_json())
+    return d
+
+
+def test_a_truncated_shard_is_named(tmp_path):
+    d = make_checkpoint(tmp_path, 2)
+    os.truncate(d / "__0_0.distcp", 10)
+    with pytest.raises(CheckpointCorrupt, match=r"__0_0\.distcp: size 10 bytes.*truncated"):
+        verify(d)
+
+
+def test_an_altered_shard_is_named(tmp_path):
+    d = make_checkpoint(tmp_path, 2)
+    (d / "__0_0.distcp").write_bytes(b"y" * 1000)  # same size, other bytes
+    with pytest.raises(CheckpointCorrupt, match=r"__0_0\.distcp: sha256 differs"):
+        verify(d)
+
+
+def test_latest_skips_torn_and_corrupt(tmp_path, caplog):
+    make_checkpoint(tmp_path, 2)
+    bad = make_checkpoint(tmp_path, 4)
+    (bad / "__0_0.distcp").write_bytes(b"")
+    tmp_path_6 = tmp_path_of(tmp_path, 6)
+    path, manifest = latest_valid(LocalStorage(), tmp_path)
+    assert path == committed_path(tmp_path, 2) and manifest.step == 2
+    assert "step-00000004/__0_0.distcp" in caplog.text
+    with pytest.raises(CheckpointCorrupt, match="on_corrupt=fail"):
+        latest_valid(LocalStorage(), tmp_path, fallback=False)
+    assert remove_torn(LocalStorage(), tmp_path) == [tmp_path_6]
+    assert not tmp_path_6.exists()
+
+
+def tmp_path_of(root, step):
+    d = tmp_path(root, step)
+    d.mkdir()
+    (d / "__0_0.distcp").write_bytes(b"partial")
+    return d
+
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_metadata_that_would_run_code_is_refused(tmp_path):
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(Boom()))
+    with pytest.raises(pickle.UnpicklingError, match="posix.system|os.system"):
+        SafeFileSystemReader(tmp_path).read_metadata()

@@ -1,0 +1,342 @@
+"""Checkpoint benchmark: training stall per checkpoint (async vs blocking DCP save of the
+same state), save throughput against the disk's raw write speed, and time from job start to
+the first resumed step as checkpoints grow.
+
+    python -m toolkit.bench.checkpoint stall  [--model gpt_125m] [--ranks 2] [--trials 5]
+    python -m toolkit.bench.checkpoint resume [--models gpt_tiny,gpt_small,gpt_125m]
+
+Stall: in each trial the same ranks run N steps three ways, in rotating order: no
+checkpoint, an async save after the first step, a blocking `dcp.save` after the first step.
+Lost time per checkpoint = median(N steps with it) - median(N steps without it).
+Raw write: each rank writes its shard's bytes with plain file writes + fsync (baseline code
+below, `raw_write`), concurrently, on the same disk, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+RESULT = "bench-checkpoint.json"
+
+
+# -- baselines ----------------------------------------------------------------------------
+def sync_dcp_save(state: dict[str, Any], path: Path, pg: Any) -> float:
+    """Baseline: a plain blocking DCP save of the same state (no manifest, no checksums)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    t0 = time.perf_counter()
+    dcp.save(state, storage_writer=FileSystemWriter(path), process_group=pg)
+    return time.perf_counter() - t0
+
+
+def raw_write(tensors: list[Any], path: Path) -> tuple[int, float]:
+    """Baseline: the same bytes as this rank's shard, written with plain file writes + fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    size = 0
+    with open(path, "wb") as f:
+        for t in tensors:
+            view = memoryview(
+                t.detach().cpu().contiguous().view(-1).view(__import__("torch").uint8).numpy()
+            )
+            f.write(view)
+            size += view.nbytes
+        f.flush()
+        os.fsync(f.fileno())
+    return size, time.perf_counter() - t0
+
+
+# -- stall: one process per rank ---------------------------------------------------------
+def _local_tensors(state: dict[str, Any]) -> list[Any]:
+    import torch
+
+    out = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                walk(x)
+        elif isinstance(v, torch.Tensor):
+            out.append(v.to_local() if hasattr(v, "to_local") else v)
+
+    walk(state)
+    return out
+
+
+def stall_worker(
+    rank: int, world: int, port: int, job: Any, out_dir: str, trials: int, steps: int
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from toolkit.checkpoint.checkpointer import Checkpointer
+    from toolkit.checkpoint.storage import LocalStorage
+    from toolkit.distributed.env import discover
+    from toolkit.distributed.init import init_distributed, shutdown_distributed
+    from toolkit.train.task import build_trainer
+
+    env = discover()
+    device = init_distributed(env, 1800)
+    root = Path(out_dir)
+    trainer = build_trainer(job, env, root / "run", device)
+    ckpt = Checkpointer(job.checkpoint, root / "ckpt", LocalStorage(), {}, "bench", device)
+    pg = ckpt.pg
+
+    def step() -> None:
+        _, micro = next(trainer.loader)
+        trainer.train_step(micro)
+        trainer.state.step += 1
+
+    for _ in range(2):  # warm-up: allocation, optimizer state
+        step()
+    times: dict[str, list[float]] = {"none": [], "async": [], "sync": []}
+    saves: list[dict[str, float]] = []
+    sync_s: list[float] = []
+    modes = ["none", "async", "sync"]
+    for trial in range(trials):
+        order = modes[trial % 3 :] + modes[: trial % 3]
+        for mode in order:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for i in range(steps):
+                step()
+                if i == 0 and mode == "async":
+                    ckpt.save(
+                        trainer.state.step,
+                        trainer.model,
+                        trainer.optimizer,
+                        {"step": trainer.state.step},
+                    )
+                elif i == 0 and mode == "sync":
+                    m, o = get_state_dict(trainer.model, trainer.optimizer)
+                    sync_s.append(
+                        sync_dcp_save({"model": m, "optim": o}, root / f"sync-{trial}", pg)
+                    )
+            dist.barrier()
+            window_end = time.time()
+            times[mode].append(time.perf_counter() - t0)
+            if rank == 0:
+                print(f"trial {trial} {mode}: {times[mode][-1]:.2f} s", file=sys.stderr, flush=True)
+            if mode == "async":
+                for r in ckpt.wait():
+                    saves.append(
+                        {
+                            "stall_s": r.stall_s,
+                            "staging_s": r.staging_s,
+                            "write_s": r.write_s,
+                            "commit_s": r.commit_s,
+                            "size_bytes": r.size_bytes,
+                            "finished_in_window": r.end - r.commit_s <= window_end,
+                            "error": r.error,
+                        }
+                    )
+            dist.barrier()
+            if rank == 0:
+                for p in list((root / "ckpt").glob("step-*")) + list(root.glob("sync-*")):
+                    shutil.rmtree(p, ignore_errors=True)
+            dist.barrier()
+    m, o = get_state_dict(trainer.model, trainer.optimizer)
+    local = _local_tensors({"model": m, "optim": o})
+    dist.barrier()
+    raw_bytes, raw_s = raw_write(local, root / "raw" / f"rank{rank}.bin")
+    dist.barrier()
+    t_all = [raw_s]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, {"raw_bytes": raw_bytes, "raw_s": raw_s})
+    ckpt.close()
+    if rank == 0:
+        total_raw = sum(g["raw_bytes"] for g in gathered)
+        slowest_raw = max(g["raw_s"] for g in gathered)
+        result = {
+            "world_size": world,
+            "steps_per_window": steps,
+            "trials": trials,
+            "window_s": times,
+            "async_saves": saves,
+            "sync_save_s": sync_s,
+            "checkpoint_bytes": saves[0]["size_bytes"] if saves else None,
+            "raw_write": {"bytes": total_raw, "seconds": slowest_raw},
+        }
+        (root / RESULT).write_text(json.dumps(result, indent=1))
+    del t_all
+    shutil.rmtree(root / "raw", ignore_errors=True)
+    shutil.rmtree(root / "ckpt", ignore_errors=True)
+    shutdown_distributed()
+
+
+def summarize_stall(r: dict[str, Any]) -> dict[str, float]:
+    med = {k: statistics.median(v) for k, v in r["window_s"].items()}
+    size = r["checkpoint_bytes"]
+    write = statistics.median(s["write_s"] for s in r["async_saves"])
+    sync = statistics.median(r["sync_save_s"])
+    out = {
+        "checkpoint_GB": size / 1e9,
+        "median_window_none_s": med["none"],
+        "median_window_async_s": med["async"],
+        "median_window_sync_s": med["sync"],
+        "lost_async_s": med["async"] - med["none"],
+        "lost_sync_s": med["sync"] - med["none"],
+        "sync_dcp_save_s": sync,
+        "async_staging_s": statistics.median(s["staging_s"] for s in r["async_saves"]),
+        "async_background_write_s": write,
+        "async_commit_s": statistics.median(s["commit_s"] for s in r["async_saves"]),
+        "async_save_GBps": size / 1e9 / write,
+        "sync_save_GBps": size / 1e9 / sync,
+        "raw_write_GBps": r["raw_write"]["bytes"] / 1e9 / r["raw_write"]["seconds"],
+    }
+    out["stall_ratio_async_over_sync"] = out["lost_async_s"] / out["lost_sync_s"]
+    return out
+
+
+def run_stall(args: argparse.Namespace) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    from toolkit.config.compose import compose_raw, to_job
+    from toolkit.distributed.env import free_port
+
+    overrides = [
+        f"model={args.model}",
+        "data=synthetic",
+        f"data.seq_len={args.seq_len}",
+        f"trainer.global_batch_size={args.global_batch}",
+        "data.prefetch=0",
+        "checkpoint.enabled=true",
+        "trainer.progress=false",
+    ]
+    job = to_job(compose_raw(overrides))
+    out_dir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
+    try:
+        mp.spawn(
+            stall_worker,
+            args=(args.ranks, free_port(), job, str(out_dir), args.trials, args.steps),
+            nprocs=args.ranks,
+        )
+        raw = json.loads((out_dir / RESULT).read_text())
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return {"overrides": overrides, "raw": raw, "summary": summarize_stall(raw)}
+
+
+# -- time to the first resumed step --------------------------------------------------------
+def _launch(run_dir: Path, overrides: list[str]) -> tuple[float, subprocess.CompletedProcess]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.launch",
+        *overrides,
+        f"hydra.run.dir={run_dir}",
+        "launch.follow=false",
+    ]
+    t0 = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+    return t0, done
+
+
+def _first_step_wall(run_dir: Path, step: int) -> float:
+    for line in (run_dir / "metrics" / "rank0.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["step"] == step:
+            return rec["wall_time"] - rec["step_time_s"]  # when the step began
+    raise LookupError(step)
+
+
+def run_resume(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for model in args.models.split(","):
+        base = [
+            f"model={model}",
+            "data=synthetic",
+            f"data.seq_len={args.seq_len}",
+            "trainer.global_batch_size=2",
+            "checkpoint.enabled=true",
+            "trainer.eval_batches=0",
+            "trainer.progress=false",
+        ]
+        for rep in range(args.reps):
+            tmp = Path(tempfile.mkdtemp(prefix="bench-resume-", dir=args.dir))
+            try:
+                t_fresh, _ = _launch(tmp / "run", [*base, "trainer.steps=1"])
+                fresh = _first_step_wall(tmp / "run", 1) - t_fresh
+                t_res, _ = _launch(tmp / "run", [*base, "trainer.steps=2"])
+                resumed = _first_step_wall(tmp / "run", 2) - t_res
+                events = [
+                    json.loads(x)
+                    for x in (tmp / "run" / "metrics" / "events-rank0.jsonl")
+                    .read_text()
+                    .splitlines()
+                ]
+                restart = next(e for e in events if e["name"] == "restart")
+                size = json.loads(
+                    (Path(restart["attrs"]["checkpoint"]) / "manifest.json").read_text()
+                )
+                total = sum(f["size_bytes"] for f in size["files"].values())
+                rows.append(
+                    {
+                        "model": model,
+                        "rep": rep,
+                        "checkpoint_GB": total / 1e9,
+                        "fresh_start_to_first_step_s": fresh,
+                        "resume_start_to_first_step_s": resumed,
+                        "load_s": restart["end"] - restart["start"],
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.bench.checkpoint")
+    sub = parser.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("stall")
+    s.add_argument("--model", default="gpt_125m")
+    s.add_argument("--ranks", type=int, default=2)
+    s.add_argument("--trials", type=int, default=5)
+    s.add_argument("--steps", type=int, default=6)
+    s.add_argument("--seq-len", type=int, default=64)
+    s.add_argument("--global-batch", type=int, default=4)
+    r = sub.add_parser("resume")
+    r.add_argument("--models", default="gpt_tiny,gpt_small,gpt_125m")
+    r.add_argument("--reps", type=int, default=2)
+    r.add_argument("--seq-len", type=int, default=64)
+    for p in (s, r):
+        p.add_argument(
+            "--dir", default=None, help="where checkpoints are written (default: $TMPDIR)"
+        )
+        p.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    result: Any = run_stall(args) if args.what == "stall" else run_resume(args)
+    text = json.dumps(result, indent=1)
+    print(text if args.what == "stall" else "")
+    if args.json:
+        args.json.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,319 @@
+"""Sharded DCP saves (async or blocking) with atomic commit, and loads with resharding.
+
+A save: every rank writes its RNG state (JSON) and its shards into `step-<N>.tmp/`; rank 0
+also writes the trainer state and config (JSON). With `async_save`, the training thread
+waits only for the previous save (at most one in flight) and for the copy of the state into
+CPU memory (pinned on GPU); DCP writes in a background thread over a gloo group of its own,
+so its collectives never interleave with training's. A commit worker per rank waits for the
+write; on rank 0 it then writes the manifest (sizes, sha256) and renames the directory to
+`step-<N>`, and hands retention to the purge worker. DCP's finish step gathers every rank's
+write result on rank 0 before the future completes, so rank 0 commits only after all ranks
+finished writing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from toolkit.checkpoint.discovery import committed_steps
+from toolkit.checkpoint.layout import (
+    CONFIG,
+    MANIFEST,
+    TRAIN_STATE,
+    committed_path,
+    rng_file,
+    tmp_path,
+)
+from toolkit.checkpoint.manifest import build_manifest
+from toolkit.checkpoint.retention import Purger, steps_to_delete
+from toolkit.checkpoint.state import capture_rng, mismatches, tensor_shapes, to_json_bytes
+from toolkit.checkpoint.storage import Storage
+from toolkit.config.checkpoint import CheckpointConfig
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint's tensors do not fit the current model (another model config)."""
+
+
+@dataclass
+class SaveResult:
+    """One save as seen by this rank; `error` is None when it was written (and committed)."""
+
+    step: int
+    path: Path  # the committed directory (or the .tmp one when it failed)
+    start: float  # time.time() when save() was called
+    stall_s: float = 0.0  # training thread blocked: waiting for the previous save + staging
+    wait_previous_s: float = 0.0
+    staging_s: float = 0.0  # state dict + copy to CPU memory
+    write_s: float = 0.0  # background: DCP write until every rank finished
+    commit_s: float = 0.0  # rank 0: manifest (checksums) + rename
+    size_bytes: int = 0  # rank 0: bytes in the committed checkpoint
+    error: str | None = None
+    end: float = 0.0
+    done: threading.Event = field(default_factory=threading.Event)
+    future: Future | None = None
+    writer: Any = None
+
+
+_STOP = object()
+
+
+def _stager(device: torch.device) -> DefaultStager:
+    """Copy into CPU memory on the training thread: pinned with non-blocking copies on GPU.
+    The stager keeps its CPU buffers and reuses them for the next save; that is safe only
+    because a save starts after the previous one finished writing (one in flight)."""
+    cuda = device.type == "cuda"
+    return DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=False,
+            use_non_blocking_copy=cuda,
+        )
+    )
+
+
+class Checkpointer:
+    """Saves and loads one rank's share of the training state. Create it on every rank at
+    the same point (it creates a process group), call `save`/`wait`/`close` on all ranks."""
+
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        root: Path,
+        storage: Storage,
+        config: dict[str, Any],
+        config_hash: str,
+        device: torch.device,
+    ):
+        self.cfg = cfg
+        self.root = root
+        self.storage = storage
+        self.config = config
+        self.config_hash = config_hash
+        self.device = device
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        # DCP's background collectives get a gloo group of their own (async needs a CPU
+        # backend, and they must not interleave with training collectives on the default group).
+        self.pg = dist.new_group(backend="gloo")
+        self._stager = _stager(device) if cfg.async_save else None
+        self._pending: SaveResult | None = None
+        self._finished: list[SaveResult] = []
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._worker = threading.Thread(
+            target=self._commit_loop, name="checkpoint-commit", daemon=True
+        )
+        self._worker.start()
+        self._purger = Purger(storage.remove) if self.rank == 0 else None
+        self.last_step: int | None = None
+
+    # -- saving ------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        train_state: dict[str, Any],
+        *,
+        blocking: bool = False,
+    ) -> SaveResult | None:
+        """Checkpoint `step`. Returns at once after staging (async), or after the commit
+        (blocking or async_save=false). Skips a step already saved in this job."""
+        if step == self.last_step:  # already saved (or resumed from) this step
+            if blocking:
+                self._wait_pending()
+            return None
+        start = time.time()
+        t0 = time.perf_counter()
+        self._wait_pending()
+        waited = time.perf_counter() - t0
+        self.last_step = step
+        tmp = tmp_path(self.root, step)
+        result = SaveResult(step=step, path=tmp, start=start, wait_previous_s=waited)
+        try:
+            self._write_json(tmp, train_state)
+            model_sd, optim_sd = get_state_dict(model, optimizer)
+            state = {"model": model_sd, "optim": optim_sd}
+            writer = result.writer = self.storage.dcp_writer(tmp)
+            if self._stager is not None:
+                result.future = dcp.async_save(
+                    state, storage_writer=writer, process_group=self.pg, async_stager=self._stager
+                )
+            else:
+                done: Future = Future()
+                try:
+                    done.set_result(dcp.save(state, storage_writer=writer, process_group=self.pg))
+                except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported via the result
+                    done.set_exception(exc)
+                result.future = done
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported, never fatal here
+            failed: Future = Future()
+            failed.set_exception(exc)
+            result.future = failed
+        result.staging_s = time.perf_counter() - t0 - waited
+        result.stall_s = time.perf_counter() - t0
+        with self._lock:
+            self._pending = result
+        self._queue.put(result)
+        if blocking or self._stager is None:
+            self._wait_pending()
+        return result
+
+    def _write_json(self, tmp: Path, train_state: dict[str, Any]) -> None:
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.storage.write_bytes(tmp / rng_file(self.rank), to_json_bytes(capture_rng()))
+        if self.rank == 0:
+            self.storage.write_bytes(tmp / TRAIN_STATE, to_json_bytes(train_state))
+            self.storage.write_bytes(tmp / CONFIG, to_json_bytes(self.config))
+
+    def _commit_loop(self) -> None:
+        while True:
+            result = self._queue.get()
+            if result is _STOP:
+                return
+            t0 = time.perf_counter()
+            try:
+                result.future.result()
+                result.write_s = time.perf_counter() - t0
+                if self.rank == 0:
+                    self._commit(result)
+            # DCP's CheckpointException derives from BaseException: catch it explicitly.
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - keep the worker alive
+                fs_error = getattr(getattr(result.writer, "fs", None), "error", None)
+                result.error = _describe(fs_error or exc, result.path)
+                log.error("checkpoint step %d failed: %s", result.step, result.error)
+                if self.rank == 0:
+                    self._discard(result.path)
+            result.end = time.time()
+            with self._lock:
+                self._finished.append(result)
+            result.done.set()
+
+    def _commit(self, result: SaveResult) -> None:
+        t0 = time.perf_counter()
+        manifest = build_manifest(result.path, result.step, self.world_size, self.config_hash)
+        self.storage.write_bytes(result.path / MANIFEST, manifest.to_json().encode())
+        final = committed_path(self.root, result.step)
+        if self.storage.exists(final):  # a stale copy of this step from an earlier job
+            self.storage.remove(final)
+        self.storage.rename(result.path, final)
+        result.path = final
+        result.size_bytes = manifest.total_bytes
+        result.commit_s = time.perf_counter() - t0
+        log.info("checkpoint step %d committed: %s", result.step, final)
+        self._retain()
+
+    def _retain(self) -> None:
+        assert self._purger is not None
+        steps = committed_steps(self.storage, self.root)
+        for step in steps_to_delete(steps, self.cfg.keep_last, self.cfg.keep_every):
+            self._purger.submit(committed_path(self.root, step))
+
+    def _discard(self, tmp: Path) -> None:
+        try:
+            self.storage.remove(tmp)
+        except Exception as exc:  # noqa: BLE001 - the next start removes it anyway
+            log.warning("could not remove failed checkpoint %s: %s", tmp, exc)
+
+    def _wait_pending(self) -> None:
+        with self._lock:
+            pending = self._pending
+        if pending is not None:
+            pending.done.wait()
+            with self._lock:
+                if self._pending is pending:
+                    self._pending = None
+
+    @property
+    def in_flight(self) -> bool:
+        with self._lock:
+            return self._pending is not None and not self._pending.done.is_set()
+
+    def poll(self) -> list[SaveResult]:
+        """Saves that finished (committed or failed) since the last call."""
+        with self._lock:
+            done, self._finished = self._finished, []
+        return done
+
+    def wait(self) -> list[SaveResult]:
+        """Block until the save in flight (if any) finished; then `poll()`."""
+        self._wait_pending()
+        return self.poll()
+
+    def close(self) -> None:
+        """Finish the save in flight, stop the workers."""
+        self._wait_pending()
+        self._queue.put(_STOP)
+        self._worker.join()
+        if self._purger is not None:
+            self._purger.close()
+        if self._stager is not None:
+            self._stager.close()
+
+    # -- loading -----------------------------------------------------------------------
+    def load(
+        self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Load model and optimizer shards (any world size) from `path`; returns the trainer
+        state (JSON) and this rank's RNG state (None when the checkpoint had no such rank).
+        Checks keys and shapes against the model first: nothing is touched on a mismatch."""
+        reader = self.storage.dcp_reader(path)
+        metadata = reader.read_metadata()
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        problems = mismatches(metadata, tensor_shapes(model_sd, "model"), "model")
+        if problems:
+            shown = "\n  ".join(problems[:30])
+            more = f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
+            raise CheckpointMismatch(
+                f"checkpoint {path} does not fit this model ({len(problems)} mismatched keys; "
+                f"written with another model config?):\n  {shown}{more}"
+            )
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, storage_reader=reader, process_group=self.pg)
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        train_state = json.loads((path / TRAIN_STATE).read_text())
+        rng_path = path / rng_file(self.rank)
+        rng = json.loads(rng_path.read_text()) if rng_path.is_file() else None
+        self.last_step = int(train_state["step"])
+        return train_state, rng
+
+
+def _describe(exc: BaseException, path: Path) -> str:
+    """One readable line for a failed save: the root OSError (with its path) when there is one."""
+    seen: list[BaseException] = []
+    stack: list[Any] = [exc]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, BaseException) and e not in seen:
+            seen.append(e)
+            if isinstance(e, OSError):
+                return f"{type(e).__name__}: {e} (checkpoint {path})"
+            stack += [e.__cause__, e.__context__]
+            failures = getattr(e, "failures", None)  # DCP CheckpointException: rank -> (exc, tb)
+            if isinstance(failures, dict):
+                for value in failures.values():
+                    stack.append(value[0] if isinstance(value, tuple) else value)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{type(exc).__name__}: {first} (checkpoint {path})"
