@@ -115,3 +115,9 @@ def test_a_job_waiting_for_resources_is_waited_for(monkeypatch):
     monkeypatch.setattr(slurm, "job_states", lambda job_id: next(answers))
     monkeypatch.setattr(slurm, "POLL_S", 0)
     assert slurm.wait("7") == {"7": JobState("COMPLETED", 0, 0)}
+
+
+def test_a_requeueable_job_is_followed_through_preemption():
+    assert not JobState("PREEMPTED", 0, 0, requeue=True).final
+    assert JobState("PREEMPTED", 0, 0, requeue=False).final
+    assert JobState("FAILED", 1, 0, requeue=True).final

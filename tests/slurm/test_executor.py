@@ -7,6 +7,7 @@ of compute; most of the time is Python start-up on a 2-core machine.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -34,13 +35,19 @@ TINY = [
 ]
 
 
+def with_repo(env: dict[str, str]) -> dict[str, str]:
+    """This checkout's toolkit first on PYTHONPATH, whatever is installed in the venv."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env | {"PYTHONPATH": path}
+
+
 def launch(
     cluster, *overrides: str, env: dict[str, str] | None = None, timeout_s=240
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "toolkit.launch", *overrides],
         cwd=REPO_ROOT,
-        env=env or cluster.env,
+        env=with_repo(env or cluster.env),
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -163,7 +170,7 @@ def test_detach_returns_after_submission_even_in_an_awkward_run_dir(slurm_cluste
     follow = subprocess.run(
         [sys.executable, "-m", "toolkit.executors.slurm", str(run_dir)],
         cwd=REPO_ROOT,
-        env=slurm_cluster.env,
+        env=with_repo(slurm_cluster.env),
         capture_output=True,
         text=True,
         timeout=240,
@@ -174,7 +181,7 @@ def test_detach_returns_after_submission_even_in_an_awkward_run_dir(slurm_cluste
 
 
 def test_plain_sbatch_of_jobs_train_sbatch_completes(slurm_cluster, tmp_path):
-    env = slurm_cluster.env | {"TOOLKIT_PYTHON": sys.executable}
+    env = with_repo(slurm_cluster.env) | {"TOOLKIT_PYTHON": sys.executable}
     proc = subprocess.run(
         ["sbatch", "--parsable", "--wait", "-N2", str(REPO_ROOT / "jobs" / "train.sbatch")]
         + TINY[:4],

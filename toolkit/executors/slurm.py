@@ -256,11 +256,12 @@ def failing_rank(folder: Path, job_id: str, run_dir: Path) -> int | None:
 
 
 def report_failure(folder: Path, job_id: str, run_dir: Path, state: JobState) -> None:
-    rank = failing_rank(folder, job_id, run_dir)
-    who = f"rank {rank}" if rank is not None else "the job"
+    # A cancelled or timed-out job's ranks were stopped by Slurm: no rank is to blame.
+    rank = failing_rank(folder, job_id, run_dir) if state.state == "FAILED" else None
+    who = f"rank {rank} failed" if rank is not None else "see the logs"
     print(
         f"job {job_id} {state.state} (exit code {state.exit_code}, signal {state.signal}); "
-        f"{who} failed; run dir {run_dir}",
+        f"{who}; run dir {run_dir}",
         file=sys.stderr,
     )
     err = log_path(folder, job_id, rank if rank is not None else 0, "err")

@@ -23,6 +23,8 @@ FINAL_STATES = frozenset(
         "SPECIAL_EXIT",
     }
 )
+# Final for a job without --requeue; a requeueable job comes back from these.
+REQUEUED_AFTER = frozenset({"PREEMPTED", "NODE_FAIL"})
 # Pending reasons that never clear by themselves: the request exceeds what the partition, QOS
 # or association allows (clusters without EnforcePartLimits accept such jobs and keep them).
 NEVER_RUNS = frozenset(
@@ -49,9 +51,12 @@ class JobState:
     exit_code: int  # the batch script's exit code
     signal: int  # the signal that ended it, 0 if none
     reason: str = ""  # why it is pending, e.g. Resources, Priority, PartitionNodeLimit
+    requeue: bool = False  # Slurm puts it back in the queue after preemption or node failure
 
     @property
     def final(self) -> bool:
+        if self.requeue and self.state in REQUEUED_AFTER:
+            return False  # it will be PENDING again in a moment
         return self.state in FINAL_STATES
 
     @property
@@ -113,6 +118,7 @@ def _scontrol_states(job_id: str) -> dict[str, JobState] | None:
             fields["JobState"],
             *_exit_code(fields.get("ExitCode", "0:0")),
             reason=fields.get("Reason", ""),
+            requeue=fields.get("Requeue") == "1",
         )
         array_job, task = fields.get("ArrayJobId"), fields.get("ArrayTaskId")
         if not array_job or task is None:
