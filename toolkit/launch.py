@@ -35,7 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("-m", "--multirun", action="store_true")
     parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None)
     parser.add_argument("overrides", nargs="*")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
