@@ -100,20 +100,26 @@ def test_memory_gpt_tiny_fsdp_fp32():
     # Gathered in fp32: root (embedding + head = 49280) + 2 blocks (current, prefetched):
     # (49280 + 2*49408) * 4 = 592384
     assert m["allgather_bytes"] == (TINY_EMB + TINY_HEAD + 2 * TINY_BLOCK) * 4 == 592384
-    # Gradient staging: the larger unit (a block, 49408) in fp32 compute + fp32 reduce: x8
-    assert m["staging_bytes"] == 49408 * 8 == 395264
+    # Gradient staging, fp32 compute + fp32 reduce = 8 B per parameter:
+    # a block 49408 * 8 = 395264, the root 49280 * 8 = 394240
+    assert m["block_staging_bytes"] == 395264
+    assert m["root_staging_bytes"] == 394240
     # Activations: one micro-batch = 8*128 = 1024 tokens; unit = 1024 * 64 dims * 4 B = 262144.
     # A block saves 17 units (9 + 2*mlp_ratio), 2 blocks + final norm in/out (2 units):
     # 2*17*262144 + 2*262144 = 9437184
     assert m["activations_bytes"] == 9437184
     # Cross-entropy over 1024 tokens x 256 logits x 12 B = 3145728
     assert m["logits_bytes"] == 3145728
-    # Peak at the start of backward (no gradients yet):
-    # 296192 + 592384 + 592384 + 395264 + 9437184 + 3145728 = 14459136
-    assert m["backward_peak_bytes"] == 14459136
+    # Backward (no gradients of this step yet): params + AdamW + gathered + activations
+    # + max(loss 3145728, block staging 395264):
+    # 296192 + 592384 + 592384 + 9437184 + 3145728 = 14063872
+    assert m["backward_peak_bytes"] == 14063872
+    # End of backward: params + AdamW + the blocks' sharded grads (98816 * 4 / 2 = 197632)
+    # + root staging: 296192 + 592384 + 197632 + 394240 = 1480448
+    assert m["end_of_backward_peak_bytes"] == 1480448
     # Optimizer step: params + grads + AdamW + one temporary = 296192*3 + 592384 = 1480960
     assert m["optimizer_peak_bytes"] == 1480960
-    assert m["peak_bytes"] == 14459136
+    assert m["peak_bytes"] == 14063872
 
 
 def test_memory_gpt_small_hsdp_bf16_checkpointed():
@@ -127,14 +133,22 @@ def test_memory_gpt_small_hsdp_bf16_checkpointed():
     )
     # Gathered in bf16 (2 B): (root 196992 + 2 blocks 886272) * 2 = 2166528
     assert m["allgather_bytes"] == 2166528
-    # Staging: a block's gradient in bf16 and its fp32 copy: 443136 * (2 + 4) = 2658816
-    assert m["staging_bytes"] == 2658816
+    # Staging: a unit's gradient in bf16 and its fp32 copy: 6 B per parameter
+    assert m["block_staging_bytes"] == 443136 * 6 == 2658816
+    assert m["root_staging_bytes"] == 196992 * 6 == 1181952
     # unit = 4*256 tokens * 192 * 2 B = 393216. With checkpointing: 4 block inputs (4 units)
     # + one block recomputed (17 units) + final norm in/out (2 units) = 23 units = 9043968
     assert m["activations_bytes"] == 23 * 393216 == 9043968
     assert m["logits_bytes"] == 1024 * 256 * 12 == 3145728
-    # 3939072 + 7878144 + 2166528 + 2658816 + 9043968 + 3145728 = 28832256
-    assert m["peak_bytes"] == m["backward_peak_bytes"] == 28832256
+    # backward: params + AdamW + gathered + activations + max(loss, block staging)
+    # 3939072 + 7878144 + 2166528 + 9043968 + 3145728 = 26173440
+    assert m["backward_peak_bytes"] == 26173440
+    # end of backward: params + AdamW + block grads (4 * 443136 * 4 B / 2 = 3545088)
+    # + root staging: 3939072 + 7878144 + 3545088 + 1181952 = 16544256
+    assert m["end_of_backward_peak_bytes"] == 16544256
+    # optimizer: 3 * 3939072 + 7878144 = 19695360
+    assert m["optimizer_peak_bytes"] == 19695360
+    assert m["peak_bytes"] == 26173440
 
 
 def test_activation_checkpointing_shrinks_activations():

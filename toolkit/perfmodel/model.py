@@ -128,8 +128,10 @@ def memory(model: ModelConfig, layout: Layout) -> dict[str, float]:
     # backward.
     gathered_blocks = 2 if layout.reshard_after_forward else model.num_layers
     allgather = (root + min(gathered_blocks, model.num_layers) * block) * p_bytes
-    # One unit's unsharded gradient in compute dtype and its reduce_dtype copy for reduce-scatter.
-    staging = max(root, block) * (p_bytes + r_bytes)
+    # Gradient staging: a unit's unsharded gradient in compute dtype plus its reduce_dtype
+    # reduce-scatter input (FSDP2 reshards the unit's parameters before reducing).
+    block_staging = block * (p_bytes + r_bytes)
+    root_staging = root * (p_bytes + r_bytes)
 
     tokens = layout.micro_batch_size * layout.seq_len  # one micro-step on this rank
     unit = tokens * model.dim * p_bytes
@@ -142,23 +144,32 @@ def memory(model: ModelConfig, layout: Layout) -> dict[str, float]:
     activations += 2 * unit  # final norm input and output (head input)
     logits = tokens * output_width(model) * CE_BYTES_PER_LOGIT
 
-    # Peak candidates. At the start of backward the previous step's gradients are freed
-    # (zero_grad(set_to_none=True)); in the optimizer step activations are gone and foreach
-    # AdamW holds about one parameter-shard-sized temporary.
-    backward_peak = params + optimizer + allgather + staging + activations + logits
+    # Peak candidates (the largest is the peak):
+    # - backward, first blocks: saved activations all alive, plus either the loss working
+    #   set (just before) or the first block's gradient staging (just after);
+    # - end of backward: activations gone, the blocks' sharded gradients and the root unit's
+    #   gradient staging (the root is reduced last; the largest unit for big vocabularies);
+    # - optimizer step: gradients still alive (zero_grad(set_to_none=True) frees them after
+    #   the step); foreach AdamW holds about one parameter-shard-sized temporary.
+    backward_peak = params + optimizer + allgather + activations + max(logits, block_staging)
+    block_grads = (total - root) * FP32 / shard
+    end_of_backward_peak = params + optimizer + block_grads + root_staging
     optimizer_peak = params + grads + optimizer + params
     return {
         "params_bytes": params,
         "grads_bytes": grads,
         "optimizer_bytes": optimizer,
         "allgather_bytes": allgather,
-        "staging_bytes": staging,
+        "staging_bytes": max(block_staging, root_staging),
+        "block_staging_bytes": block_staging,
+        "root_staging_bytes": root_staging,
         "activations_bytes": activations,
         "logits_bytes": logits,
         "state_bytes": params + grads + optimizer,
         "backward_peak_bytes": backward_peak,
+        "end_of_backward_peak_bytes": end_of_backward_peak,
         "optimizer_peak_bytes": optimizer_peak,
-        "peak_bytes": max(backward_peak, optimizer_peak),
+        "peak_bytes": max(backward_peak, end_of_backward_peak, optimizer_peak),
     }
 
 
