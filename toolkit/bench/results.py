@@ -8,6 +8,7 @@ summary.json and, for task=bench_train, bench/memory-rank<k>.json.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,14 @@ STEP_FIELDS_INT = ("mem_peak_bytes",)
 
 
 def rank_files(run_dir: Path, prefix: str) -> list[Path]:
-    files = (run_dir / "metrics").glob(f"{prefix}*.jsonl")
-    return sorted(files, key=lambda p: int(p.stem.removeprefix(prefix)))
+    """metrics/<prefix><k>.jsonl for every rank k, in rank order."""
+    pattern = re.compile(rf"{re.escape(prefix)}(\d+)\.jsonl")
+    found = []
+    for p in (run_dir / "metrics").glob(f"{prefix}*.jsonl"):
+        m = pattern.fullmatch(p.name)
+        if m:
+            found.append((int(m.group(1)), p))
+    return [p for _, p in sorted(found)]
 
 
 def read_json(path: Path) -> Any:
@@ -58,7 +65,8 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
         raise FileNotFoundError(f"{run_dir}/metrics: no step records (did the run fail?)")
     world = len(records)
     steps = steps_by_number(records)
-    events = [e for e in read_steps(rank_files(run_dir, "events-rank")[0]) if e["name"] == "eval"]
+    event_files = rank_files(run_dir, "events-rank")
+    events = [e for e in read_steps(event_files[0]) if e["name"] == "eval"] if event_files else []
     prediction = predict_job(job, world)
     stats = step_statistics(
         steps,
