@@ -9,7 +9,7 @@ from rich.table import Table
 
 from toolkit.bench.stats import scaling_efficiency
 
-WORLD_KEYS = ("cluster.tasks_per_node", "cluster.nodes")
+WORLD_KEYS = ("cluster.tasks_per_node", "cluster.nodes", "cluster.gpus_per_node")
 
 
 def label(summary: dict[str, Any]) -> str:
