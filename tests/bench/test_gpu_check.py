@@ -8,14 +8,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
-import h5py
 import pytest
 import torch
 
-from toolkit.bench.gpu import hardware_preset, matmul_peak
-from toolkit.bench.nvml_sampler import NvmlSampler, count_samples
+from toolkit.bench.gpu import gpu_telemetry_samples, hardware_preset, matmul_peak
+from toolkit.telemetry.synthetic import Plan, generate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,61 +47,11 @@ def test_matmul_peak_counts_two_n_cubed_flops_per_matmul():
     assert 0 < flops < 1e13
 
 
-class FakeNvml:
-    """Stands in for pynvml (the only mock allowed here): a fixed reading per call."""
-
-    NVML_TEMPERATURE_GPU = 0
-    NVML_CLOCK_SM = 1
-
-    def __init__(self, fail_every: int = 0):
-        self.calls = 0
-        self.fail_every = fail_every
-        self.shutdown = False
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlShutdown(self):
-        self.shutdown = True
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return index
-
-    def nvmlDeviceGetUtilizationRates(self, handle):
-        self.calls += 1
-        if self.fail_every and self.calls % self.fail_every == 0:
-            raise RuntimeError("NVML_ERROR_UNKNOWN")
-        return SimpleNamespace(gpu=87, memory=40)
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        return SimpleNamespace(used=12 * 2**30)
-
-    def nvmlDeviceGetPowerUsage(self, handle):
-        return 450_000  # milliwatts
-
-    def nvmlDeviceGetTemperature(self, handle, sensor):
-        return 61
-
-    def nvmlDeviceGetClockInfo(self, handle, clock):
-        return 1980
-
-
-def test_nvml_sampler_writes_nonempty_hdf5_and_survives_failed_samples(tmp_path):
-    nvml = FakeNvml(fail_every=3)
-    sampler = NvmlSampler(interval_s=0.01, nvml=nvml)
-    sampler.start()
-    deadline = time.time() + 10
-    while nvml.calls < 10 and time.time() < deadline:
-        time.sleep(0.01)
-    sampler.stop()
-    path = tmp_path / "telemetry.h5"
-    written = sampler.write_h5(path)
-    assert written == count_samples(path) > 0
-    assert sampler.errors >= 1 and nvml.shutdown
-    with h5py.File(path) as f:
-        assert f["nvml/power_w"][0] == 450.0  # watts, converted from milliwatts
-        assert f["nvml/mem_used_bytes"][0] == 12 * 2**30
-        assert f["nvml"].attrs["errors"] == sampler.errors
+def test_telemetry_gpu_rows_are_counted_from_the_runs_node_files(tmp_path):
+    # A node file with 2 GPUs sampled every second for 10 s, written by the real writer.
+    generate(tmp_path, Plan(nodes=1, gpus_per_node=2, duration_s=10.0, idle_gap_at_s=None))
+    assert gpu_telemetry_samples(tmp_path) == 2 * 10
+    assert gpu_telemetry_samples(tmp_path / "no-such-run") == 0
 
 
 @pytest.mark.gpu
@@ -122,7 +70,7 @@ def test_gpu_check_passes_on_a_cuda_machine_within_8_minutes(tmp_path):
     assert time.time() - started < 480
     report = json.loads((tmp_path / "gpu" / "gpu_check.json").read_text())
     assert report["nccl"]["ok"]
-    assert report["telemetry"]["samples"] > 0
+    assert report["telemetry"]["runs_with_samples"] == 4
     assert {(r["name"], r["compile"]) for r in report["runs"]} == {
         ("gpt_small", False),
         ("gpt_small", True),

@@ -10,7 +10,10 @@ and each run's training is capped at 120 s):
    tokens/s, MFU against the measured matmul peak and against the datasheet (hardware
    preset chosen from the device name: h100, h200, a100), and the performance model's
    memory estimate against torch.cuda.max_memory_allocated.
-4. NVML telemetry sampled during the runs into telemetry.h5, checked to be non-empty.
+4. NVML telemetry: every run records it with the toolkit's telemetry (toolkit/telemetry:
+   the node agent samples NVML every 0.1 s with telemetry=fast into
+   RUN_DIR/telemetry/node-<host>-attempt<k>.h5); the check counts the GPU rows written
+   and fails when a run's file holds none.
 
 A short table is printed last; everything is kept in OUT/gpu_check.json. Exit code 0 when
 every check passed, 1 otherwise. Without CUDA it says so and exits 0 having run nothing.
@@ -126,6 +129,7 @@ def run_model(
         "data=synthetic",
         "cluster.tasks_per_node=1",
         f"parallel.compile={'true' if compile else 'false'}",
+        "telemetry=fast",  # NVML every 0.1 s into RUN_DIR/telemetry (the node agent)
         f"trainer.time_budget_s={RUN_BUDGET_S}",  # compile included: it happens in step 1
         *([f"hardware={preset}"] if preset else []),
     ]
@@ -136,6 +140,20 @@ def run_model(
     if code == 0 and (run_dir / "bench.json").exists():
         result.update(json.loads((run_dir / "bench.json").read_text()))
     return result
+
+
+def gpu_telemetry_samples(run_dir: Path) -> int:
+    """GPU rows (all node files, all GPUs) the toolkit's telemetry wrote for a run."""
+    from toolkit.telemetry.read import NoTelemetry, load_run
+
+    try:
+        run = load_run(run_dir)
+    except NoTelemetry:
+        return 0
+    try:
+        return sum(len(table) for node in run.nodes for table in node.gpus.values())
+    finally:
+        run.close()
 
 
 def mfu_against(result: dict[str, Any], peak_flops: float) -> float | None:
@@ -183,8 +201,9 @@ def summary_table(report: dict[str, Any]):
     tel = report["telemetry"]
     table.add_row(
         "NVML telemetry",
-        f"{tel['samples']} samples",
-        f"{tel['path']}" + ("" if tel["samples"] else " (EMPTY)"),
+        f"{tel['samples']} GPU rows",
+        f"{tel['runs_with_samples']}/{tel['runs']} runs' node files under RUN_DIR/telemetry"
+        + ("" if tel["samples"] else " (EMPTY)"),
     )
     return table
 
@@ -221,30 +240,27 @@ def main(argv: list[str] | None = None) -> int:
         to_job(compose_raw([f"hardware={preset}"])).hardware.peak_flops_bf16 if preset else 0.0
     )
 
-    from toolkit.bench.nvml_sampler import NvmlSampler, count_samples
-
-    sampler = NvmlSampler(index=torch.cuda.current_device(), interval_s=0.2)
-    sampler.start()
-    try:
-        for model in MODELS:
-            for compile in (False, True):
-                if time.perf_counter() - started > args.budget_s:
-                    report["runs"].append(
-                        {"name": model, "compile": compile, "reason": "time budget spent"}
-                    )
-                    continue
-                r = run_model(model, compile, preset, out, args.warmup, args.steps)
-                if "tokens_per_s" in r:
-                    r["mfu_measured_peak"] = mfu_against(r, report["matmul_peak_flops"])
-                    predicted = r.get("predicted_peak_memory_bytes")
-                    measured = r.get("peak_memory_growth_bytes")
-                    r["memory_ratio"] = measured / predicted if measured and predicted else None
-                report["runs"].append(r)
-    finally:
-        sampler.stop()
-    telemetry_path = out / "telemetry.h5"
-    sampler.write_h5(telemetry_path)
-    report["telemetry"] = {"path": str(telemetry_path), "samples": count_samples(telemetry_path)}
+    for model in MODELS:
+        for compile in (False, True):
+            if time.perf_counter() - started > args.budget_s:
+                report["runs"].append(
+                    {"name": model, "compile": compile, "reason": "time budget spent"}
+                )
+                continue
+            r = run_model(model, compile, preset, out, args.warmup, args.steps)
+            if "tokens_per_s" in r:
+                r["mfu_measured_peak"] = mfu_against(r, report["matmul_peak_flops"])
+                predicted = r.get("predicted_peak_memory_bytes")
+                measured = r.get("peak_memory_growth_bytes")
+                r["memory_ratio"] = measured / predicted if measured and predicted else None
+                r["telemetry_gpu_rows"] = gpu_telemetry_samples(Path(r["run_dir"]))
+            report["runs"].append(r)
+    finished = [r for r in report["runs"] if "tokens_per_s" in r]
+    report["telemetry"] = {
+        "samples": sum(r["telemetry_gpu_rows"] for r in finished),
+        "runs": len(finished),
+        "runs_with_samples": sum(1 for r in finished if r["telemetry_gpu_rows"] > 0),
+    }
     report["seconds"] = time.perf_counter() - started
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2, default=str))
 
@@ -252,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ok = (
         report["nccl"].get("ok", False)
-        and report["telemetry"]["samples"] > 0
+        and report["telemetry"]["runs_with_samples"] == report["telemetry"]["runs"] > 0
         and all("tokens_per_s" in r for r in report["runs"])
     )
     table = summary_table(report)
