@@ -139,6 +139,8 @@ def run_model(
     result["seconds"] = time.perf_counter() - t0
     if code == 0 and (run_dir / "bench.json").exists():
         result.update(json.loads((run_dir / "bench.json").read_text()))
+    else:
+        result["reason"] = f"exit {code}; logs in {run_dir / 'logs'}"
     return result
 
 
@@ -196,7 +198,12 @@ def summary_table(report: dict[str, Any]):
             f"{r['tokens_per_s']:,.0f} tok/s",
             f"MFU {100 * (r['mfu_measured_peak'] or 0):.1f}% of measured peak, "
             + (f"{100 * r['mfu']:.1f}% of datasheet; " if sheet else "")
-            + (f"memory meas/pred {mem:.2f}" if mem else "memory -"),
+            + (
+                f"memory meas/pred {mem:.2f} "
+                f"({'within' if abs(mem - 1) <= MEMORY_TOLERANCE else 'outside'} 10%)"
+                if mem
+                else "memory -"
+            ),
         )
     tel = report["telemetry"]
     table.add_row(
