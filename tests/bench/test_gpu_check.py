@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolkit.bench.gpu import gpu_telemetry_samples, hardware_preset, matmul_peak
+from toolkit.bench.gpu import (
+    gpu_telemetry_samples,
+    hardware_preset,
+    matmul_peak,
+    summary_table,
+)
 from toolkit.telemetry.synthetic import Plan, generate
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +57,37 @@ def test_telemetry_gpu_rows_are_counted_from_the_runs_node_files(tmp_path):
     generate(tmp_path, Plan(nodes=1, gpus_per_node=2, duration_s=10.0, idle_gap_at_s=None))
     assert gpu_telemetry_samples(tmp_path) == 2 * 10
     assert gpu_telemetry_samples(tmp_path / "no-such-run") == 0
+
+
+def test_summary_table_shows_mfu_memory_verdict_and_failed_runs():
+    from rich.console import Console
+
+    report = {
+        "device": "NVIDIA H200",
+        "nccl": {"ok": True, "nccl_version": "2.27.3", "seconds": 1.2},
+        "matmul_peak_flops": 7.5e14,
+        "datasheet_peak_flops": 9.89e14,
+        "runs": [
+            {
+                "name": "gpt_small",
+                "compile": False,
+                "tokens_per_s": 1.2e6,
+                "mfu": 0.30,
+                "mfu_measured_peak": 0.40,
+                "memory_ratio": 1.15,
+            },
+            {"name": "gpt_1b", "compile": True, "exit_code": 1, "reason": "exit 1; logs in L"},
+        ],
+        "telemetry": {"samples": 123, "runs": 1, "runs_with_samples": 1},
+    }
+    console = Console(width=200, record=True)
+    console.print(summary_table(report))
+    text = console.export_text()
+    assert "76% of datasheet 989" in text  # 750 / 989 TFLOP/s
+    assert "MFU 40.0% of measured peak, 30.0% of datasheet" in text
+    assert "memory meas/pred 1.15 (outside 10%)" in text
+    assert "FAILED" in text and "exit 1; logs in L" in text
+    assert "123 GPU rows" in text
 
 
 @pytest.mark.gpu
