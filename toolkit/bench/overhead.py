@@ -3,7 +3,7 @@
 How much does the toolkit's training step cost over a bare, hand-written FSDP2 loop?
 
 Both run in the same K processes (gloo on CPU, NCCL on GPU), on the same model class,
-shapes, batches, precision and world size, interleaved A B A B for R repetitions:
+shapes, batches, precision and world size, interleaved for R repetitions (A B, B A, A B, ...):
 
 * A, toolkit: `toolkit.train.task.build_trainer(job, ...)` and `Trainer.fit()` (data loader
   with prefetch thread, metrics sinks, scheduler, loss all-reduce, hooks: everything).
@@ -167,9 +167,15 @@ def worker(rank: int, world: int, port: int, job: JobConfig, args: dict, out: st
         for rep in range(args["reps"]):
             run_dir = Path(out) / f"rep{rep}"
             dist.barrier()
-            ta = toolkit_loop(job, env, run_dir, device)
-            dist.barrier()
-            tb = bare_loop(job, batches, device)
+            # A B, then B A: a drift within a repetition does not always land on one side.
+            if rep % 2 == 0:
+                ta = toolkit_loop(job, env, run_dir, device)
+                dist.barrier()
+                tb = bare_loop(job, batches, device)
+            else:
+                tb = bare_loop(job, batches, device)
+                dist.barrier()
+                ta = toolkit_loop(job, env, run_dir, device)
             w = args["warmup"]
             a, b = step_seconds([t[0] for t in ta], w), step_seconds([t[0] for t in tb], w)
             ca, cb = step_seconds([t[1] for t in ta], w), step_seconds([t[1] for t in tb], w)
