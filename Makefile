@@ -31,3 +31,10 @@ test-fast: install
 lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+
+# The local dev Slurm cluster (root, Debian-family): the Slurm tests bring it up themselves.
+cluster-up:
+	scripts/dev-cluster up
+
+cluster-down:
+	scripts/dev-cluster down

@@ -18,6 +18,8 @@ from pathlib import Path
 # task name -> "module:function(job, env, run_dir, device)"; imported lazily.
 TASKS: dict[str, str] = {
     "train": "toolkit.train.task:run",
+    "bench_collectives": "toolkit.bench.collectives:run",
+    "bench_train": "toolkit.bench.task:run",  # task=train plus memory probes (toolkit.bench)
 }
 
 
@@ -55,6 +57,9 @@ def run_rank(run_dir: Path) -> int:
     log = logging.getLogger("toolkit.entrypoint")
     try:
         job = load_job(run_dir / "config.yaml")
+        from toolkit.nccl import configure  # NCCL/PyTorch variables, checked against the node
+
+        configure(job.nccl, env, run_dir)
         device = init_distributed(env, job.nccl.timeout_s)
         if env.is_rank0:
             write_snapshot(run_dir / "env.json")
@@ -80,10 +85,31 @@ def run_rank(run_dir: Path) -> int:
     return int(result.get("exit_code", 0)) if isinstance(result, dict) else 0
 
 
+def compose(overrides: list[str]) -> int:
+    """`--compose OVERRIDE...`: in a batch script, prepare the run dir and print its path."""
+    from toolkit.config.errors import ConfigError
+    from toolkit.launch import prepare_in_allocation
+
+    try:
+        run_dir = prepare_in_allocation(overrides, dict(os.environ))
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    print(run_dir)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--compose"]:
+        return compose(args[1:])
     if len(args) != 1:
-        print("usage: python -m toolkit.entrypoint RUN_DIR", file=sys.stderr)
+        print(
+            "usage: python -m toolkit.entrypoint RUN_DIR\n"
+            "       python -m toolkit.entrypoint --compose [OVERRIDE ...]  (in a batch script)",
+            file=sys.stderr,
+        )
         return 2
     return run_rank(Path(args[0]).resolve())
 

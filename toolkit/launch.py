@@ -35,7 +35,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("-m", "--multirun", action="store_true")
     parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None)
     parser.add_argument("overrides", nargs="*")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
@@ -81,6 +81,37 @@ def write_run_dir(run: PreparedRun, choices: dict) -> None:
     )
 
 
+def prepare_in_allocation(overrides: list[str], environ: dict[str, str]) -> Path:
+    """Inside a Slurm batch script (jobs/train.sbatch): compose the job for the allocation it
+    runs in, prepare its run dir once and return it; a requeued job gets its own back.
+
+    The allocation decides the shape (its overrides come last). Without hydra.run.dir the
+    run dir is outputs/slurm/<job id> under the submit dir, so that a requeue finds it.
+    """
+    from toolkit.distributed.env import slurm_job_label
+    from toolkit.train.data_files import prepare as prepare_data
+
+    nodes = int(environ["SLURM_JOB_NUM_NODES"])
+    tasks = int(environ["SLURM_NTASKS"]) // nodes
+    shape = ["cluster=slurm", f"cluster.nodes={nodes}", f"cluster.tasks_per_node={tasks}"]
+    user_dir = any(o.lstrip("+").startswith("hydra.run.dir=") for o in overrides)
+    submit_dir = Path(environ.get("SLURM_SUBMIT_DIR", "."))
+    default_dir = submit_dir / "outputs" / "slurm" / slurm_job_label(environ)
+    # cluster=slurm selects the group option; a user's cluster.* overrides still apply after it.
+    all_overrides = [o for o in overrides if not o.startswith("cluster=")]
+    all_overrides = shape[:1] + all_overrides + shape[1:]
+    if not user_dir:
+        all_overrides.append(f"hydra.run.dir={default_dir}")
+    runs, cfgs = prepare([all_overrides], multirun=False)
+    run = runs[0]
+    if (run.run_dir / "config.yaml").exists():
+        return run.run_dir  # requeued: keep the config (and checkpoints) of the first start
+    choices = OmegaConf.to_container(cfgs[0].hydra.runtime.choices)
+    write_run_dir(run, choices)
+    prepare_data(run.job.data, run.job.model.num_series)
+    return run.run_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -101,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(OmegaConf.to_yaml(OmegaConf.create(job_to_dict(run.job))))
         return 0
 
-    from toolkit.train.data import prepare as prepare_data
+    from toolkit.train.data_files import prepare as prepare_data
 
     for run, cfg in zip(runs, cfgs, strict=True):
         choices = (

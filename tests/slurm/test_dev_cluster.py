@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -102,31 +104,30 @@ def test_env_exports_slurm_conf(slurm_cluster):
     assert out.strip().endswith("slurm.conf")
 
 
-def _daemon_pids() -> dict[str, int]:
-    names = {"munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd"}
-    pids = {}
-    for comm in Path("/proc").glob("[0-9]*/comm"):
-        try:
-            name = comm.read_text().strip()
-        except OSError:  # the process ended while we looked
-            continue
-        if name in names:
-            pids[comm.parent.name] = name
-    return pids
-
-
-def test_down_leaves_no_daemon_and_up_brings_the_cluster_back(slurm_cluster):
-    # Runs last in this module: the cluster is up again afterwards for later modules.
-    assert slurm_cluster.run(str(slurm_cluster.script), "down", timeout_s=60).returncode == 0
-    assert _daemon_pids() == {}
-    assert slurm_cluster.run(str(slurm_cluster.script), "status").returncode != 0
-    proc = slurm_cluster.run(str(slurm_cluster.script), "up", timeout_s=120)
-    assert proc.returncode == 0, proc.stderr
-    assert set(_daemon_pids().values()) == {
-        "munged",
-        "mariadbd",
-        "slurmdbd",
-        "slurmctld",
-        "slurmd",
+def test_a_second_cluster_starts_from_nothing_and_down_leaves_no_daemon(slurm_cluster):
+    # Its own state dir and ports: the shared cluster other tests use keeps running.
+    state_dir = Path(f"/var/tmp/toolkit-dev-cluster-test-{os.getpid()}")
+    env = slurm_cluster.env | {
+        "TOOLKIT_DEV_CLUSTER_DIR": str(state_dir),
+        "TOOLKIT_DEV_CLUSTER_PORT_BASE": "16910",
     }
-    assert slurm_cluster.run(str(slurm_cluster.script), "status").returncode == 0
+    script = str(slurm_cluster.script)
+    try:
+        up = subprocess.run([script, "up"], env=env, capture_output=True, text=True, timeout=180)
+        assert up.returncode == 0, up.stderr
+        second = env | {"SLURM_CONF": str(state_dir / "etc" / "slurm.conf")}
+        step = subprocess.run(
+            ["srun", "-N2", "printenv", "SLURMD_NODENAME"],
+            env=second, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert sorted(step.stdout.split()) == ["n1", "n2"], step.stderr
+        pids = [int(p.read_text()) for p in state_dir.rglob("*.pid")]
+        assert len(pids) == 6  # munged, mariadbd, slurmdbd, slurmctld, slurmd x2
+        down = subprocess.run([script, "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
+        status = subprocess.run([script, "status"], env=env, capture_output=True, text=True)
+        assert status.returncode != 0 and "UNHEALTHY" in status.stdout
+    finally:
+        subprocess.run([script, "down", "--purge"], env=env, capture_output=True, timeout=60)
+    assert not state_dir.exists()

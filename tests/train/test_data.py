@@ -6,7 +6,14 @@ import numpy as np
 import torch
 
 from toolkit.config.data import DataConfig
-from toolkit.train.data import ArraySource, BatchPlan, Loader, builtin_corpus, open_sources
+from toolkit.train.data import (
+    ArraySource,
+    BatchPlan,
+    Loader,
+    SyntheticTokens,
+    builtin_corpus,
+    open_sources,
+)
 
 
 def _plan(world: int, rank: int, micro: int, accum: int) -> BatchPlan:
@@ -28,6 +35,13 @@ def test_global_batch_is_the_same_for_any_world_size() -> None:
     reference = global_batch(1, 8, 1)
     assert torch.equal(global_batch(2, 4, 1), reference)
     assert torch.equal(global_batch(4, 1, 2), reference)
+
+
+def test_synthetic_tokens_do_not_depend_on_the_micro_batch_split() -> None:
+    source = SyntheticTokens(vocab_size=256)
+    whole = torch.cat([_plan(1, 0, 8, 1).micro_batches(source, "train", 3)[0][0]])
+    halves = [_plan(2, r, 4, 1).micro_batches(source, "train", 3)[0][0] for r in (0, 1)]
+    assert torch.equal(torch.cat(halves), whole)
 
 
 def test_targets_are_inputs_shifted_by_one() -> None:

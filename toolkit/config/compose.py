@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,28 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+def dict_field_prefixes() -> tuple[str, ...]:
+    """`group.field.` for every dict-typed schema field (e.g. `nccl.env.`): new keys may be
+    added there without Hydra's `+`."""
+    prefixes = []
+    for group, schema in GROUPS.items():
+        for name, hint in typing.get_type_hints(schema).items():
+            if typing.get_origin(hint) is dict:
+                prefixes.append(f"{group}.{name}.")
+    return tuple(prefixes)
+
+
+def open_dict_overrides(overrides: list[str]) -> list[str]:
+    """`nccl.env.NCCL_BUFFSIZE=4M` -> `++nccl.env.NCCL_BUFFSIZE=4M` (add or override), and
+    `nccl.env={A: b}` likewise (merged into the dict)."""
+    prefixes = dict_field_prefixes()
+    fields = tuple(p[:-1] + "=" for p in prefixes)
+    return [f"++{item}" if item.startswith(prefixes + fields) else item for item in overrides]
+
+
 def compose_raw(overrides: list[str]) -> DictConfig:
     """Hydra composition with the hydra node kept (run/sweep dirs, runtime choices)."""
+    overrides = open_dict_overrides(overrides)
     register_configs()
     setup_globals()
     GlobalHydra.instance().clear()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from toolkit.config.checkpoint import CheckpointConfig
 from toolkit.config.cluster import ClusterConfig
+from toolkit.config.collectives import CollectivesConfig
 from toolkit.config.data import DataConfig
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.launch import LaunchConfig
@@ -33,6 +34,7 @@ class JobConfig:
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     task: str = "train"  # what every rank runs: see toolkit.entrypoint.TASKS
     seed: int = 0
     run_dir: str | None = None  # filled in by the launcher from hydra.run.dir / hydra.sweep.dir
@@ -52,4 +54,5 @@ GROUPS: dict[str, type] = {
     "telemetry": TelemetryConfig,
     "nccl": NcclConfig,
     "launch": LaunchConfig,
+    "collectives": CollectivesConfig,
 }

@@ -1,11 +1,98 @@
-"""Per-node telemetry (owned by the telemetry component; see toolkit/telemetry/)."""
+"""Per-node telemetry (owned by the telemetry component; see toolkit/telemetry/ and
+docs/telemetry.md).
+
+`TelemetryConfig` drives the in-job side (the node agent that samples GPUs, host and
+InfiniBand and writes the node's HDF5 file); `ReportConfig` the post-run analysis
+(`python -m toolkit.telemetry report`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.config.errors import ConfigError
+
+COMPRESSIONS = ("gzip", "lzf", "none")
+STRAGGLER_METRICS = ("step_time_s", "forward_backward_s", "optimizer_s", "data_wait_s")
+
+
+def _check(problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(problems)
+
 
 @dataclass
 class TelemetryConfig:
-    enabled: bool = False
-    interval_s: float = 1.0
+    enabled: bool = True  # on in real runs; telemetry=off turns it off
+    interval_s: float = 1.0  # sampling interval of GPU/host/InfiniBand, 0.1 .. 3600
+    flush_interval_s: float = 5.0  # how often buffered rows reach the file (SWMR readers see them)
+    gpu: bool = True  # NVML sampling (absent driver: the gpu group is absent, attrs say why)
+    gpm: bool = True  # Hopper+ GPM metrics (SM activity, occupancy, tensor, DRAM bandwidth)
+    host: bool = True  # psutil: CPU, memory, load, disk, network per interface
+    infiniband: bool = True  # port counters under sysfs_root
+    sysfs_root: str = "/sys/class/infiniband"
+    compression: str = "gzip"  # gzip | lzf | none
+    compression_level: int = 4  # gzip only, 0..9
+    chunk_rows: int = 1024  # rows per HDF5 chunk
+    max_pending: int = 10000  # records a rank buffers while its node agent is unreachable
+    close_timeout_s: float = 10.0  # how long rank close waits for the agent's final flush
+
+    def __post_init__(self) -> None:
+        p = []
+        if not 0.1 <= self.interval_s <= 3600:
+            p.append(f"telemetry.interval_s={self.interval_s}: must be in [0.1, 3600] seconds")
+        if not 0.1 <= self.flush_interval_s <= 3600:
+            p.append(
+                f"telemetry.flush_interval_s={self.flush_interval_s}: must be in [0.1, 3600] seconds"
+            )
+        if self.compression not in COMPRESSIONS:
+            p.append(
+                f"telemetry.compression={self.compression}: allowed: {', '.join(COMPRESSIONS)}"
+            )
+        if not 0 <= self.compression_level <= 9:
+            p.append(f"telemetry.compression_level={self.compression_level}: must be in 0..9")
+        if self.chunk_rows < 16:
+            p.append(f"telemetry.chunk_rows={self.chunk_rows}: must be >= 16")
+        if self.max_pending < 0:
+            p.append(f"telemetry.max_pending={self.max_pending}: must be >= 0")
+        if self.close_timeout_s < 0:
+            p.append(f"telemetry.close_timeout_s={self.close_timeout_s}: must be >= 0 seconds")
+        _check(p)
+
+
+@dataclass
+class ReportConfig:
+    # A rank (or node) is a straggler when its median ratio to the per-step median of all
+    # ranks exceeds 1 + straggler_margin on at least straggler_persistence of the steps.
+    straggler_margin: float = 0.05
+    straggler_persistence: float = 0.5
+    straggler_metric: str = "step_time_s"
+    # An idle gap: time between two steps of a rank, outside the steps, longer than
+    # max(idle_gap_min_s, idle_gap_factor x the rank's median step time).
+    idle_gap_min_s: float = 5.0
+    idle_gap_factor: float = 5.0
+    skip_first_steps: int = 1  # warm-up steps left out of the statistics
+    plots: bool = True
+    max_plot_points: int = 500  # per line; longer series are binned
+    export: bool = True  # steps.csv, events.csv and trace.json
+    sacct: bool = True  # join Slurm accounting when sacct is on PATH
+
+    def __post_init__(self) -> None:
+        p = []
+        if self.straggler_margin <= 0:
+            p.append(f"straggler_margin={self.straggler_margin}: must be > 0 (0.05 is 5 %)")
+        if not 0 < self.straggler_persistence <= 1:
+            p.append(f"straggler_persistence={self.straggler_persistence}: must be in (0, 1]")
+        if self.straggler_metric not in STRAGGLER_METRICS:
+            p.append(
+                f"straggler_metric={self.straggler_metric}: allowed: {', '.join(STRAGGLER_METRICS)}"
+            )
+        if self.idle_gap_min_s < 0 or self.idle_gap_factor < 0:
+            p.append(
+                f"idle_gap_min_s={self.idle_gap_min_s}, idle_gap_factor={self.idle_gap_factor}: "
+                "must be >= 0"
+            )
+        if self.skip_first_steps < 0:
+            p.append(f"skip_first_steps={self.skip_first_steps}: must be >= 0")
+        if self.max_plot_points < 10:
+            p.append(f"max_plot_points={self.max_plot_points}: must be >= 10")
+        _check(p)

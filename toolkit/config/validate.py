@@ -169,3 +169,11 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(problems)
     if job.cluster.kind == "local" and (job.cluster.partition or job.cluster.account):
         warnings.warn("cluster.partition/account are ignored by cluster=local", stacklevel=2)
+
+
+# Component checks (each module owns its own; imported last to avoid import cycles).
+from toolkit.config.collectives import collectives_problems  # noqa: E402
+from toolkit.nccl.checks import check_job as _check_nccl  # noqa: E402
+
+VALIDATORS.append(_check_nccl)
+VALIDATORS.append(lambda job, world: collectives_problems(job.collectives, world))

@@ -22,7 +22,13 @@ from submitit.core.utils import FailedJobError
 
 from toolkit.config.validate import tasks_per_node
 from toolkit.executors import PreparedRun, repo_root
-from toolkit.executors.slurm_jobs import JobState, failed_task, job_states, unreachable_reason
+from toolkit.executors.slurm_jobs import (
+    JobState,
+    cancel,
+    failed_task,
+    job_states,
+    unreachable_reason,
+)
 from toolkit.executors.slurm_sbatch import Submission, log_path, plan
 
 POLL_S = 0.5
@@ -61,12 +67,30 @@ class SlurmExecutor:
         try:
             job_ids = submit(submission, runs)
         except FailedJobError as exc:
-            message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            lines = [
+                line.strip().removeprefix("sbatch: error:").strip()
+                for line in str(exc).splitlines()
+            ]
+            message = "; ".join(line for line in lines if line)
             print(f"error: sbatch rejected the job: {message}", file=sys.stderr)
             return 1
         describe(submission, runs, job_ids, tasks_per_node(cluster))
         if launch.detach:
             return 0
+        try:
+            return self._follow(submission, runs, job_ids)
+        except NeverRuns as exc:
+            cancel(exc.job_id.split("_")[0])
+            print(
+                f"error: Slurm accepted job {exc.job_id} but it can never run as requested "
+                f"(pending reason {exc.reason}); cancelled it",
+                file=sys.stderr,
+            )
+            return 1
+
+    @staticmethod
+    def _follow(submission: Submission, runs: list[PreparedRun], job_ids: list[str]) -> int:
+        launch = runs[0].job.launch
         try:
             if len(runs) == 1:
                 return follow_job(submission.folder, job_ids[0], runs[0].run_dir, launch.follow)
@@ -104,7 +128,7 @@ def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
             "job_id": job_id,
             "array_index": index if len(runs) > 1 else None,
             "slurm_folder": str(submission.folder),
-            "sbatch_script": str(submission.folder / f"{job_id}_submission.sh"),
+            "sbatch_script": str(submission.folder / f"{job_id.split('_')[0]}_submission.sh"),
         }
         (run.run_dir / "slurm.json").write_text(json.dumps(record, indent=2) + "\n")
     return job_ids
@@ -124,6 +148,12 @@ def describe(submission: Submission, runs: list[PreparedRun], job_ids: list[str]
     for run, job_id in zip(runs, job_ids, strict=True):
         print(f"  {job_id}: {' '.join(run.overrides)} -> {run.run_dir}")
     print(f"  logs: {submission.folder}/<job>_<rank>_log.out|err", flush=True)
+
+
+class NeverRuns(Exception):
+    def __init__(self, job_id: str, reason: str):
+        super().__init__(f"{job_id}: {reason}")
+        self.job_id, self.reason = job_id, reason
 
 
 class _Tail:
@@ -153,6 +183,9 @@ def wait(job_id: str, on_poll=None) -> dict[str, JobState]:
             on_poll(states)
         if states and all(s.final for s in states.values()):
             return states
+        for name, state in states.items():
+            if state.never_runs:
+                raise NeverRuns(name, state.reason)
         time.sleep(POLL_S)
 
 
@@ -209,23 +242,26 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
 
 
 def failing_rank(folder: Path, job_id: str, run_dir: Path) -> int | None:
-    """The rank that failed first: from its error-rank<k>.txt, else from srun's report."""
-    ranks = sorted(
-        int(p.stem.removeprefix("error-rank"))
+    """The rank that failed first: as srun reported it, else the oldest error-rank<k>.txt
+    (peers of a failed rank often fail too, a moment later, in their next collective)."""
+    reported = failed_task(_tail(log_path(folder, job_id, 0, "err"), 200))
+    if reported is not None:
+        return reported
+    errors = [
+        (p.stat().st_mtime, int(p.stem.removeprefix("error-rank")))
         for p in (run_dir / "logs").glob("error-rank*.txt")
         if p.stem.removeprefix("error-rank").isdigit()
-    )
-    if ranks:
-        return ranks[0]
-    return failed_task(_tail(log_path(folder, job_id, 0, "err"), 200))
+    ]
+    return min(errors)[1] if errors else None
 
 
 def report_failure(folder: Path, job_id: str, run_dir: Path, state: JobState) -> None:
-    rank = failing_rank(folder, job_id, run_dir)
-    who = f"rank {rank}" if rank is not None else "the job"
+    # A cancelled or timed-out job's ranks were stopped by Slurm: no rank is to blame.
+    rank = failing_rank(folder, job_id, run_dir) if state.state == "FAILED" else None
+    who = f"rank {rank} failed" if rank is not None else "see the logs"
     print(
         f"job {job_id} {state.state} (exit code {state.exit_code}, signal {state.signal}); "
-        f"{who} failed; run dir {run_dir}",
+        f"{who}; run dir {run_dir}",
         file=sys.stderr,
     )
     err = log_path(folder, job_id, rank if rank is not None else 0, "err")

@@ -23,6 +23,22 @@ FINAL_STATES = frozenset(
         "SPECIAL_EXIT",
     }
 )
+# Final for a job without --requeue; a requeueable job comes back from these.
+REQUEUED_AFTER = frozenset({"PREEMPTED", "NODE_FAIL"})
+# Pending reasons that never clear by themselves: the request exceeds what the partition, QOS
+# or association allows (clusters without EnforcePartLimits accept such jobs and keep them).
+NEVER_RUNS = frozenset(
+    {
+        "PartitionNodeLimit",
+        "PartitionTimeLimit",
+        "PartitionConfig",
+        "BadConstraints",
+        "QOSMaxNodePerJobLimit",
+        "QOSMaxWallDurationPerJobLimit",
+        "AssocMaxNodesPerJobLimit",
+        "AssocMaxWallDurationPerJobLimit",
+    }
+)
 HOW_TO_POINT = (
     "point SLURM_CONF at your cluster's slurm.conf (or run on a login node), or start the "
     'local dev cluster: scripts/dev-cluster up && eval "$(scripts/dev-cluster env)"'
@@ -34,10 +50,18 @@ class JobState:
     state: str  # e.g. RUNNING, COMPLETED, FAILED
     exit_code: int  # the batch script's exit code
     signal: int  # the signal that ended it, 0 if none
+    reason: str = ""  # why it is pending, e.g. Resources, Priority, PartitionNodeLimit
+    requeue: bool = False  # Slurm puts it back in the queue after preemption or node failure
 
     @property
     def final(self) -> bool:
+        if self.requeue and self.state in REQUEUED_AFTER:
+            return False  # it will be PENDING again in a moment
         return self.state in FINAL_STATES
+
+    @property
+    def never_runs(self) -> bool:
+        return self.state == "PENDING" and self.reason in NEVER_RUNS
 
     def exit_status(self) -> int:
         """What `launch` exits with: 0 only for COMPLETED."""
@@ -90,7 +114,12 @@ def _scontrol_states(job_id: str) -> dict[str, JobState] | None:
         fields = dict(re.findall(r"(\w+)=(\S*)", line))
         if "JobState" not in fields:
             continue
-        state = JobState(fields["JobState"], *_exit_code(fields.get("ExitCode", "0:0")))
+        state = JobState(
+            fields["JobState"],
+            *_exit_code(fields.get("ExitCode", "0:0")),
+            reason=fields.get("Reason", ""),
+            requeue=fields.get("Requeue") == "1",
+        )
         array_job, task = fields.get("ArrayJobId"), fields.get("ArrayTaskId")
         if not array_job or task is None:
             states[fields["JobId"]] = state
@@ -135,3 +164,7 @@ def failed_task(batch_stderr: str) -> int | None:
     """The first task srun reported as failed ("srun: error: n2: task 1: Exited ...")."""
     m = re.search(r"task (\d+): (?:Exited|Killed|Terminated|Segmentation|Aborted)", batch_stderr)
     return int(m.group(1)) if m else None
+
+
+def cancel(job_id: str) -> None:
+    subprocess.run(["scancel", job_id], capture_output=True, timeout=30, check=False)

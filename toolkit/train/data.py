@@ -8,19 +8,19 @@ world size (resharding keeps the data position exact), and resuming at step s ne
 
 from __future__ import annotations
 
-import os
 import queue
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
 from toolkit.config.data import DataConfig
+
+# Re-exported: file preparation lives in a torch-free module so the launcher stays light.
+from toolkit.train.data_files import builtin_corpus, prepare, synthetic_returns  # noqa: F401
 
 SPLITS = {"train": 0, "val": 1}
 
@@ -53,7 +53,9 @@ class ArraySource:
 
 @dataclass
 class SyntheticTokens:
-    """Uniform random tokens, generated from the window starts (deterministic, no I/O)."""
+    """Uniform random tokens; each window is generated from its own start (deterministic, no
+    I/O, and the same window whatever micro-batch it lands in, so any world size sees the
+    same global batch)."""
 
     vocab_size: int
     length: int = 1 << 30
@@ -62,72 +64,11 @@ class SyntheticTokens:
         return self.length
 
     def window(self, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = np.random.default_rng(starts.astype(np.uint64))
-        t = torch.from_numpy(rng.integers(0, self.vocab_size, (len(starts), seq_len + 1)))
+        rows = [
+            np.random.default_rng(int(s)).integers(0, self.vocab_size, seq_len + 1) for s in starts
+        ]
+        t = torch.from_numpy(np.stack(rows))
         return t[:, :-1], t[:, 1:]
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def builtin_corpus(cache_dir: str) -> Path:
-    """English prose shipped with every CPython: the documentation topics of `pydoc_data`
-    (~0.7 MB). Written once as raw bytes into the cache; no download."""
-    import pydoc_data.topics as topics
-    import sys
-
-    path = (
-        Path(cache_dir).expanduser()
-        / f"corpus-pydoc-{sys.version_info[0]}.{sys.version_info[1]}.txt"
-    )
-    if not path.exists():
-        text = "\n\n".join(topics.topics[key] for key in sorted(topics.topics))
-        _atomic_write(path, text.encode("utf-8"))
-    return path
-
-
-def synthetic_returns(
-    cache_dir: str, num_series: int, length: int = 200_000, seed: int = 1234
-) -> Path:
-    """A factor model with predictable structure: r_t = B f_t + e_t, f_t = 0.6 f_{t-1} + u_t,
-    so the next step is partly forecastable from the past (MSE can fall below the variance)."""
-    path = Path(cache_dir).expanduser() / f"returns-synthetic-{num_series}x{length}-{seed}.npy"
-    if path.exists():
-        return path
-    rng = np.random.default_rng(seed)
-    num_factors = max(1, num_series // 8)
-    loadings = rng.normal(0, 1, (num_series, num_factors)).astype(np.float32)
-    factors = np.zeros((length, num_factors), dtype=np.float32)
-    shocks = rng.normal(0, 1, (length, num_factors)).astype(np.float32)
-    for t in range(1, length):
-        factors[t] = 0.6 * factors[t - 1] + shocks[t]
-    noise = rng.normal(0, 0.5, (length, num_series)).astype(np.float32)
-    returns = factors @ loadings.T / np.sqrt(num_factors) + noise
-    returns /= returns.std(axis=0, keepdims=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy")
-    os.close(fd)
-    np.save(tmp, returns.astype(np.float32))
-    os.replace(tmp, path)
-    return path
-
-
-def prepare(cfg: DataConfig, num_series: int = 0) -> Path | None:
-    """Create whatever files the data needs (the launcher calls this once, before ranks start)."""
-    if cfg.kind == "text":
-        return Path(cfg.path).expanduser() if cfg.path else builtin_corpus(cfg.cache_dir)
-    if cfg.kind == "returns":
-        return (
-            Path(cfg.path).expanduser()
-            if cfg.path
-            else synthetic_returns(cfg.cache_dir, num_series)
-        )
-    return None
 
 
 def open_sources(cfg: DataConfig, vocab_size: int, num_series: int) -> dict[str, Source]:

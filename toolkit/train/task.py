@@ -15,6 +15,7 @@ from toolkit.config.job import JobConfig
 from toolkit.config.validate import micro_batch_size
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import build_mesh, local_param_bytes, parallelize
+from toolkit.telemetry.sink import build_telemetry_sinks
 from toolkit.train.data import BatchPlan, Loader, open_sources
 from toolkit.train.flops import flops_per_token
 from toolkit.train.loop import Hook, Trainer
@@ -29,6 +30,7 @@ def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics", env.rank)]
     if env.is_rank0:
         sinks.append(ConsoleSink(job.trainer.steps, 0, job.trainer.log_every, job.trainer.progress))
+    sinks += build_telemetry_sinks(job.telemetry, env, run_dir)  # every rank: one collective
     return sinks
 
 

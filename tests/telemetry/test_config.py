@@ -1,0 +1,33 @@
+"""TelemetryConfig: on by default, bad values fail at composition with one line each."""
+
+from __future__ import annotations
+
+import pytest
+
+from toolkit.config.compose import compose_raw, to_job
+from toolkit.config.errors import ConfigError
+from toolkit.config.telemetry import TelemetryConfig
+
+
+def test_telemetry_is_on_by_default_at_one_second():
+    job = to_job(compose_raw(["model=gpt_tiny"]))
+    assert job.telemetry.enabled and job.telemetry.interval_s == 1.0
+
+
+@pytest.mark.parametrize("option, enabled, interval", [("off", False, 1.0), ("fast", True, 0.1)])
+def test_presets_compose(option, enabled, interval):
+    job = to_job(compose_raw([f"telemetry={option}"]))
+    assert (job.telemetry.enabled, job.telemetry.interval_s) == (enabled, interval)
+
+
+def test_bad_values_are_reported_together_each_on_one_line():
+    with pytest.raises(ConfigError) as info:
+        to_job(compose_raw(["telemetry.interval_s=0.01", "telemetry.compression=zstd"]))
+    assert info.value.problems == [
+        "telemetry.interval_s=0.01: must be in [0.1, 3600] seconds",
+        "telemetry.compression=zstd: allowed: gzip, lzf, none",
+    ]
+
+
+def test_interval_down_to_a_tenth_of_a_second_is_allowed():
+    assert TelemetryConfig(interval_s=0.1).interval_s == 0.1

@@ -1,0 +1,160 @@
+"""Read a finished run directory and turn it into benchmark results (HDF5 + JSON).
+
+A run directory written by the launcher holds config.yaml, launch.yaml, env.json,
+metrics/rank<k>.jsonl (StepRecord per step), metrics/events-rank<k>.jsonl (eval events),
+summary.json and, for task=bench_train, bench/memory-rank<k>.json.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from omegaconf import OmegaConf
+
+from toolkit.bench.stats import PHASES, step_statistics, steps_by_number, time_to_target
+from toolkit.config.compose import load_job
+from toolkit.config.validate import micro_batch_size
+from toolkit.perfmodel import Prediction, predict_job
+from toolkit.perfmodel.model import PHASE_OF_TERM
+from toolkit.train.flops import flops_per_token
+from toolkit.train.metrics import read_steps
+
+STEP_FIELDS = ("step", "wall_time", "step_time_s", *PHASES, "loss", "tokens_per_s", "mfu")
+STEP_FIELDS_INT = ("mem_peak_bytes",)
+
+
+def rank_files(run_dir: Path, prefix: str) -> list[Path]:
+    files = (run_dir / "metrics").glob(f"{prefix}*.jsonl")
+    return sorted(files, key=lambda p: int(p.stem.removeprefix(prefix)))
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def measured_memory(run_dir: Path, peak_bytes: int) -> dict[str, int | None]:
+    """Growth over the memory in use before the model was built (max over ranks):
+    persistent = after the first step (parameters + optimizer state), peak = the step
+    records' peak (CUDA max_memory_allocated, or the process's max RSS on CPU)."""
+    probes = [read_json(p) for p in sorted((run_dir / "bench").glob("memory-rank*.json"))]
+    probes = [p for p in probes if p and "after_first_step" in p]
+    if not probes:
+        return {"persistent_bytes": None, "peak_memory_growth_bytes": None}
+    key = "allocated_bytes" if probes[0]["device"] == "cuda" else "rss_bytes"
+    persistent = max(p["after_first_step"][key] - p["before_build"][key] for p in probes)
+    baseline = min(p["before_build"][key] for p in probes)
+    return {"persistent_bytes": persistent, "peak_memory_growth_bytes": peak_bytes - baseline}
+
+
+def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]:
+    """The benchmark summary of one run and the model's prediction for it."""
+    job = load_job(run_dir / "config.yaml")
+    records = [read_steps(p) for p in rank_files(run_dir, "rank")]
+    if not records or not records[0]:
+        raise FileNotFoundError(f"{run_dir}/metrics: no step records (did the run fail?)")
+    world = len(records)
+    steps = steps_by_number(records)
+    events = [e for e in read_steps(rank_files(run_dir, "events-rank")[0]) if e["name"] == "eval"]
+    prediction = predict_job(job, world)
+    stats = step_statistics(
+        steps,
+        warmup,
+        world_size=world,
+        flops_per_token=flops_per_token(job.model, job.data.seq_len),
+        peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
+    )
+    run_summary = read_json(run_dir / "summary.json") or {}
+    launch = read_json_yaml(run_dir / "launch.yaml")
+    predicted_phase = PHASE_OF_TERM[prediction.dominant]
+    summary: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "overrides": launch.get("overrides", []),
+        "model": job.model.name,
+        "precision": job.precision.name,
+        "hardware": job.hardware.name,
+        "world_size": world,
+        "nodes": job.cluster.nodes,
+        "micro_batch_size": micro_batch_size(job, world),
+        "grad_accum": job.trainer.grad_accum,
+        "seq_len": job.data.seq_len,
+        "activation_checkpointing": job.parallel.activation_checkpointing,
+        "compile": job.parallel.compile,
+        **stats,
+        **measured_memory(run_dir, stats["peak_memory_bytes"]),
+        "predicted_step_s": prediction.step_s,
+        "predicted_tokens_per_s": prediction.tokens_per_s,
+        "predicted_peak_memory_bytes": prediction.memory["peak_bytes"],
+        "predicted_dominant": prediction.dominant,
+        "step_time_ratio": stats["step_time_s_median"] / prediction.step_s,
+        "dominant_match": predicted_phase == stats["measured_dominant"],
+        "stop_reason": run_summary.get("stop_reason"),
+        "val_loss": run_summary.get("val_loss"),
+        **time_to_target(steps, events, job.trainer.target_val_loss),
+    }
+    summary["results_h5"] = str(run_dir / "bench" / "results.h5")
+    write_h5(run_dir / "bench" / "results.h5", records, events, summary, prediction, run_dir)
+    (run_dir / "bench" / "result.json").write_text(json.dumps(summary) + "\n")
+    return summary, prediction
+
+
+def read_json_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    data = OmegaConf.to_container(OmegaConf.load(path))
+    return data if isinstance(data, dict) else {}
+
+
+def _scalar(value: Any) -> Any:
+    if value is None:
+        return "none"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return value
+
+
+def write_h5(
+    path: Path,
+    records_by_rank: list[list[dict[str, Any]]],
+    evals: list[dict[str, Any]],
+    summary: dict[str, Any],
+    prediction: Prediction,
+    run_dir: Path,
+) -> None:
+    """Layout: /steps/<field> [rank, step]; /eval/{step,val_loss,end}; /summary and
+    /prediction/<part> as attributes; /run/{config_yaml,launch_yaml,env_json} as strings."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    num_steps = min(len(r) for r in records_by_rank)
+    with h5py.File(path, "w") as f:
+        steps = f.create_group("steps")
+        steps.attrs["warmup_steps"] = summary["warmup_steps"]
+        for name in STEP_FIELDS + STEP_FIELDS_INT:
+            dtype = np.int64 if name in STEP_FIELDS_INT + ("step",) else np.float64
+            data = np.array([[r[name] for r in recs[:num_steps]] for recs in records_by_rank])
+            steps.create_dataset(name, data=data.astype(dtype))
+        ev = f.create_group("eval")
+        ev.create_dataset("step", data=np.array([e["step"] for e in evals], dtype=np.int64))
+        ev.create_dataset("val_loss", data=np.array([e["attrs"]["val_loss"] for e in evals]))
+        ev.create_dataset("end", data=np.array([e["end"] for e in evals], dtype=np.float64))
+        s = f.create_group("summary")
+        for key, value in summary.items():
+            s.attrs[key] = _scalar(value)
+        pred = f.create_group("prediction")
+        for part, values in prediction.as_dict().items():
+            if isinstance(values, dict):
+                g = pred.create_group(part)
+                for key, value in values.items():
+                    g.attrs[key] = value
+            else:
+                pred.attrs[part] = values
+        run = f.create_group("run")
+        for name, file in (
+            ("config_yaml", "config.yaml"),
+            ("launch_yaml", "launch.yaml"),
+            ("env_json", "env.json"),
+        ):
+            p = run_dir / file
+            run.create_dataset(name, data=p.read_text() if p.exists() else "")

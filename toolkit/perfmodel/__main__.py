@@ -1,0 +1,51 @@
+"""`python -m toolkit.perfmodel [--json] [--world N] [OVERRIDE ...]`: predict a configuration.
+
+Composes the same Hydra config as the launcher (so `model=gpt_1b precision=bf16 hardware=h100
+cluster.tasks_per_node=8` means the same here), prints the prediction table, or one JSON
+object with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from toolkit.config.compose import compose_raw, to_job
+from toolkit.config.errors import ConfigError
+from toolkit.perfmodel.job import predict_job
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.perfmodel")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--world", type=int, default=None, help="world size (default: cluster)")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        job = to_job(compose_raw(args.overrides))
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    if args.world is not None and args.world < 1:
+        print(f"error: --world={args.world}: must be >= 1", file=sys.stderr)
+        return 2
+    prediction = predict_job(job, args.world)
+    if args.json:
+        print(json.dumps(prediction.as_dict()))
+        return 0
+    from rich.console import Console
+
+    from toolkit.perfmodel.report import prediction_table
+
+    title = (
+        f"{job.model.name}, {prediction.world_size} ranks, {job.precision.name}, "
+        f"{job.hardware.name}: performance model"
+    )
+    Console().print(prediction_table(prediction, title=title))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

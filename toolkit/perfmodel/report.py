@@ -1,0 +1,102 @@
+"""Human-readable views of a Prediction (rich tables), optionally beside measured values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from toolkit.perfmodel.model import Prediction
+
+GIB = 2**30
+
+
+def fmt_bytes(n: float) -> str:
+    if n >= GIB:
+        return f"{n / GIB:,.2f} GiB"
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def fmt_s(s: float) -> str:
+    return f"{1000 * s:,.2f} ms" if s < 10 else f"{s:,.1f} s"
+
+
+def prediction_rows(p: Prediction) -> list[tuple[str, str, str]]:
+    """(quantity, predicted, key in a measured dict) rows; the key is '' when not measured."""
+    t, m, c, f = p.time, p.memory, p.communication, p.flops
+    return [
+        ("step time", fmt_s(float(t["step_s"])), "step_time_s"),
+        ("  forward+backward", fmt_s(float(t["forward_backward_s"])), "forward_backward_s"),
+        ("  optimizer", fmt_s(float(t["optimizer_s"])), "optimizer_s"),
+        ("  data wait", fmt_s(float(t["data_wait_s"])), "data_wait_s"),
+        ("  compute term", fmt_s(float(t["compute_s"])), ""),
+        ("  memory term", fmt_s(float(t["memory_s"])), ""),
+        ("  communication term", fmt_s(float(t["communication_s"])), ""),
+        ("dominant term", p.dominant, "dominant"),
+        ("tokens/s (all ranks)", f"{p.tokens_per_s:,.0f}", "tokens_per_s"),
+        ("model FLOPs / step", f"{f['model_flops_per_step']:.3e}", ""),
+        ("FLOPs / rank (executed)", f"{f['executed_flops_per_rank']:.3e}", ""),
+        ("memory / rank (peak)", fmt_bytes(m["peak_bytes"]), "peak_memory_growth_bytes"),
+        ("  params + grads + AdamW", fmt_bytes(m["state_bytes"]), ""),
+        (
+            "  params + AdamW (after step 1)",
+            fmt_bytes(m["params_bytes"] + m["optimizer_bytes"]),
+            "persistent_bytes",
+        ),
+        ("  all-gather buffers", fmt_bytes(m["allgather_bytes"]), ""),
+        ("  grad staging", fmt_bytes(m["staging_bytes"]), ""),
+        ("  activations", fmt_bytes(m["activations_bytes"]), ""),
+        ("  logits / loss", fmt_bytes(m["logits_bytes"]), ""),
+        ("all-gather / rank", fmt_bytes(c["allgather_bytes"]), ""),
+        ("reduce-scatter / rank", fmt_bytes(c["reduce_scatter_bytes"]), ""),
+        ("replica all-reduce / rank", fmt_bytes(c["replica_allreduce_bytes"]), ""),
+    ]
+
+
+def format_measured(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    if key.endswith("_s"):
+        return fmt_s(float(value))
+    if key.endswith("_bytes"):
+        return fmt_bytes(float(value))
+    if isinstance(value, float):
+        return f"{value:,.0f}"
+    return str(value)
+
+
+def prediction_table(
+    p: Prediction, measured: dict[str, Any] | None = None, title: str = "performance model"
+) -> Table:
+    table = Table(title=title)
+    table.add_column("quantity")
+    table.add_column("predicted", justify="right")
+    if measured is not None:
+        table.add_column("measured", justify="right")
+        table.add_column("measured/predicted", justify="right")
+    for name, predicted, key in prediction_rows(p):
+        if measured is None:
+            table.add_row(name, predicted)
+            continue
+        value = measured.get(key) if key else None
+        ratio = "-"
+        pred_value = predicted_value(p, key)
+        if isinstance(value, (int, float)) and pred_value:
+            ratio = f"{value / pred_value:.2f}"
+        table.add_row(name, predicted, format_measured(key, value), ratio)
+    return table
+
+
+def predicted_value(p: Prediction, key: str) -> float | None:
+    """The predicted number a measured key compares with."""
+    table: dict[str, float] = {
+        "step_time_s": float(p.time["step_s"]),
+        "forward_backward_s": float(p.time["forward_backward_s"]),
+        "optimizer_s": float(p.time["optimizer_s"]),
+        "tokens_per_s": p.tokens_per_s,
+        "peak_memory_growth_bytes": p.memory["peak_bytes"],
+        "persistent_bytes": p.memory["params_bytes"] + p.memory["optimizer_bytes"],
+    }
+    return table.get(key)

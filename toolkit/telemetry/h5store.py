@@ -1,0 +1,160 @@
+"""The node file on disk: one writer (the node agent), any number of SWMR readers.
+
+All groups and datasets are created up front, then the file switches to SWMR mode
+(HDF5 forbids creating objects afterwards); rows are buffered in memory and appended at
+each `flush()`, after which readers in other processes see them, and a SIGKILLed writer
+leaves a file readable up to that flush. Readers must open with `swmr=True` (`open_read`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from toolkit.telemetry.schema import FORMAT, FORMAT_VERSION, TableSpec, empty_value
+
+log = logging.getLogger(__name__)
+
+
+def attr_value(value: Any) -> Any:
+    """HDF5 attributes hold scalars, strings and arrays; dicts become JSON text."""
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True, default=str)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, str) for v in value):
+            return np.array(value, dtype=h5py.string_dtype())
+        if all(isinstance(v, (int, np.integer)) for v in value):
+            return np.array(value, dtype="i8")
+        return json.dumps(value, default=str)
+    return value
+
+
+class _Table:
+    def __init__(self, group: h5py.Group, spec: TableSpec, filters: dict[str, Any], chunk: int):
+        self.spec = spec
+        self.datasets: dict[str, h5py.Dataset] = {}
+        self.rows: dict[str, list[Any]] = {c.name: [] for c in spec.columns}
+        self.length = 0
+        for key, value in spec.attrs.items():
+            group.attrs[key] = attr_value(value)
+        for col in spec.columns:
+            ds = group.create_dataset(
+                col.name,
+                shape=(0,),
+                maxshape=(None,),
+                chunks=(chunk,),
+                dtype=np.dtype(col.dtype),
+                **filters,
+            )
+            ds.attrs["units"] = col.units
+            self.datasets[col.name] = ds
+
+    def append(self, row: dict[str, Any]) -> None:
+        for col in self.spec.columns:
+            value = row.get(col.name)
+            self.rows[col.name].append(empty_value(col.dtype) if value is None else value)
+
+    def extend(self, columns: dict[str, Any]) -> None:
+        """Append many rows at once: column -> sequence (all the same length)."""
+        n = len(next(iter(columns.values())))
+        for col in self.spec.columns:
+            values = columns.get(col.name)
+            if values is None:
+                self.rows[col.name].extend([empty_value(col.dtype)] * n)
+            else:
+                self.rows[col.name].extend(
+                    list(values) if not isinstance(values, np.ndarray) else values
+                )
+
+    @property
+    def pending(self) -> int:
+        return len(self.rows[self.spec.columns[0].name])
+
+    def flush(self) -> None:
+        n = self.pending
+        if n == 0:
+            return
+        end = self.length + n
+        for col in self.spec.columns:
+            ds = self.datasets[col.name]
+            ds.resize((end,))
+            ds[self.length : end] = np.asarray(self.rows[col.name], dtype=ds.dtype)
+            ds.flush()
+            self.rows[col.name] = []
+        self.length = end
+
+
+class NodeFileWriter:
+    def __init__(
+        self,
+        path: Path,
+        specs: list[TableSpec],
+        attrs: dict[str, Any],
+        *,
+        compression: str = "gzip",
+        compression_level: int = 4,
+        chunk_rows: int = 1024,
+    ):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.file = h5py.File(path, "w", libver="latest")
+        self.file.attrs["format"] = FORMAT
+        self.file.attrs["format_version"] = FORMAT_VERSION
+        for key, value in attrs.items():
+            self.file.attrs[key] = attr_value(value)
+        filters: dict[str, Any] = {}
+        if compression == "gzip":
+            filters = {"compression": "gzip", "compression_opts": compression_level}
+        elif compression == "lzf":
+            filters = {"compression": "lzf"}
+        if filters:
+            filters["shuffle"] = True
+        self.tables = {
+            s.path: _Table(self.file.require_group(s.path), s, filters, chunk_rows) for s in specs
+        }
+        self.file.swmr_mode = True
+        self.file.flush()
+
+    def append(self, table: str, row: dict[str, Any]) -> None:
+        self.tables[table].append(row)
+
+    def extend(self, table: str, columns: dict[str, Any]) -> None:
+        self.tables[table].extend(columns)
+
+    def flush(self) -> None:
+        """Write every buffered row; a table that fails is logged and the others still go."""
+        for name, table in self.tables.items():
+            try:
+                table.flush()
+            except Exception:  # noqa: BLE001 - one bad table must not stop the others
+                log.exception("telemetry: writing table %s failed; its rows are dropped", name)
+                table.rows = {c.name: [] for c in table.spec.columns}
+        self.file.flush()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.file.close()
+
+
+def open_read(path: Path) -> h5py.File:
+    """Open a node file for reading, whether its writer is running, finished or killed.
+
+    A cleanly closed file opens normally (and a corrupt one fails at once); a file whose
+    writer is still running, or was killed, carries HDF5's "open for SWMR write" flag and is
+    opened as an SWMR reader. (SWMR readers retry failed metadata reads with back-off, so
+    trying the plain open first keeps a truncated finished file from stalling the report.)"""
+    try:
+        return h5py.File(path, "r", libver="latest")
+    except OSError as exc:
+        if "open for write" not in str(exc) and "consistency flags" not in str(exc):
+            raise
+    return h5py.File(path, "r", libver="latest", swmr=True)

@@ -1,0 +1,183 @@
+"""Assemble the report: load every node file of a run, analyse, write the outputs."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from toolkit.config.telemetry import ReportConfig
+from toolkit.telemetry.read import RunData, load_run
+from toolkit.telemetry.report import analysis
+from toolkit.telemetry.report.analysis import Attribution, GpuStats, IdleGap, Straggler
+
+
+@dataclass
+class Report:
+    run_dir: Path
+    out_dir: Path
+    nodes: list[dict[str, Any]]
+    ranks: list[dict[str, Any]]
+    gpus: list[GpuStats]
+    stragglers: list[Straggler]
+    idle_gaps: list[IdleGap]
+    attribution: Attribution
+    events: list[dict[str, Any]]
+    skipped: list[tuple[str, str]]
+    sacct: dict[str, Any] | None = None
+    sacct_note: str = ""
+    absent: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "run_dir": str(self.run_dir),
+            "nodes": self.nodes,
+            "ranks": self.ranks,
+            "gpus": [asdict(g) for g in self.gpus],
+            "stragglers": [asdict(s) for s in self.stragglers],
+            "idle_gaps": [asdict(g) | {"duration_s": g.duration_s} for g in self.idle_gaps],
+            "attribution_s": self.attribution.seconds,
+            "attribution_share": self.attribution.shares(),
+            "skipped": [{"file": p, "reason": why} for p, why in self.skipped],
+            "sacct": self.sacct,
+            "sacct_note": self.sacct_note,
+            "absent": self.absent,
+            "outputs": self.outputs,
+            "num_events": len(self.events),
+        }
+
+
+def _gpu_of_rank(run: RunData, rank: int, node: str) -> tuple[str, int] | None:
+    """The GPU a rank drove: its position among its node's ranks (one GPU per rank)."""
+    for n in reversed(run.nodes):
+        if n.node == node and rank in n.ranks:
+            local = n.ranks.index(rank)
+            return (node, local) if local in n.gpus else None
+    return None
+
+
+def analyse(run: RunData, cfg: ReportConfig) -> tuple[Report, dict[int, analysis.RankSeries]]:
+    series = analysis.collect_steps(run, cfg.skip_first_steps)
+    events = sorted((e for n in run.nodes for e in n.events), key=lambda e: e["start"])
+    gpus = [g for n in run.nodes for g in analysis.gpu_stats(n)]
+    # A GPU seen in several attempts: merge its stats (sum of throttle, mean of the rest).
+    by_gpu: dict[tuple[str, int], list[GpuStats]] = {}
+    for g in gpus:
+        by_gpu.setdefault((g.node, g.index), []).append(g)
+    gpu_rows = [
+        GpuStats(
+            node=k[0],
+            index=k[1],
+            mean_util_pct=float(np.nanmean([g.mean_util_pct for g in v])),
+            mean_power_w=float(np.nanmean([g.mean_power_w for g in v])),
+            throttle_s=float(sum(g.throttle_s for g in v)),
+            max_temp_c=float(np.nanmax([g.max_temp_c for g in v])),
+            energy_j=float(np.nansum([g.energy_j for g in v])),
+        )
+        for k, v in sorted(by_gpu.items())
+    ]
+    gpu_index = {(g.node, g.index): g for g in gpu_rows}
+    scores = analysis.straggler_scores(series, cfg.straggler_metric) if series else {}
+    rank_rows = []
+    for r, s in series.items():
+        row: dict[str, Any] = {"node": s.node, "rank": r}
+        row["attempts"] = sorted(int(a) for a in np.unique(s.attempt))
+        row.update(analysis.rank_stats(s))
+        gpu = gpu_index.get(_gpu_of_rank(run, r, s.node) or ("", -1))
+        row["gpu_util_pct"] = gpu.mean_util_pct if gpu else None
+        row["power_w"] = gpu.mean_power_w if gpu else None
+        row["throttle_s"] = gpu.throttle_s if gpu else None
+        row["straggler_score"] = scores.get(r, 0.0)
+        rank_rows.append(row)
+    node_rows = []
+    for name in sorted({n.node for n in run.nodes}):
+        mine = [row for row in rank_rows if row["node"] == name]
+        node_gpus = [g for g in gpu_rows if g.node == name]
+        ib_rates = [
+            float(np.nanmean(t["xmit_bytes_per_s"]))
+            for n in run.nodes
+            if n.node == name
+            for t in n.ib.values()
+            if "xmit_bytes_per_s" in t and len(t)
+        ]
+        node_rows.append(
+            {
+                "node": name,
+                "attempts": sorted({n.attempt for n in run.nodes if n.node == name}),
+                "ranks": len(mine),
+                "gpus": len(node_gpus),
+                "median_step_s": analysis.median_or_nan([r["median_step_s"] for r in mine]),
+                "p99_step_s": max((r["p99_step_s"] for r in mine), default=float("nan")),
+                "median_tokens_per_s": analysis.median_or_nan(
+                    [r["median_tokens_per_s"] for r in mine]
+                ),
+                "median_mfu": analysis.median_or_nan([r["median_mfu"] for r in mine]),
+                "data_wait_share": analysis.median_or_nan([r["data_wait_share"] for r in mine]),
+                "gpu_util_pct": float(np.mean([g.mean_util_pct for g in node_gpus]))
+                if node_gpus
+                else None,
+                "power_w": float(np.sum([g.mean_power_w for g in node_gpus]))
+                if node_gpus
+                else None,
+                "throttle_s": float(sum(g.throttle_s for g in node_gpus)) if node_gpus else None,
+                "ib_xmit_bytes_per_s": float(np.sum(ib_rates)) if ib_rates else None,
+                "straggler_score": analysis.median_or_nan([r["straggler_score"] for r in mine]),
+            }
+        )
+    absent: dict[str, str] = {}
+    for n in run.nodes:
+        for group, why in n.absent().items():
+            absent.setdefault(group, f"{why} (e.g. {n.node})")
+    return Report(
+        run_dir=run.run_dir,
+        out_dir=run.run_dir,
+        nodes=node_rows,
+        ranks=rank_rows,
+        gpus=gpu_rows,
+        stragglers=analysis.find_stragglers(series, cfg) if series else [],
+        idle_gaps=analysis.find_idle_gaps(series, events, cfg) if series else [],
+        attribution=analysis.attribute_time(series, events) if series else Attribution(),
+        events=events,
+        skipped=[(str(p), why) for p, why in run.skipped],
+        absent=absent,
+    ), series
+
+
+def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Report:
+    """Load, analyse and write every output under out_dir (default RUN_DIR/telemetry/report)."""
+    from toolkit.telemetry.report import export, html, plots, slurm
+
+    t0 = time.perf_counter()
+    run = load_run(Path(run_dir))
+    try:
+        report, series = analyse(run, cfg)
+        out = Path(out_dir) if out_dir else Path(run_dir) / "telemetry" / "report"
+        out.mkdir(parents=True, exist_ok=True)
+        report.out_dir = out
+        if cfg.sacct:
+            job_ids = sorted({n.job_id for n in run.nodes if n.job_id})
+            report.sacct, report.sacct_note = slurm.sacct(job_ids[0] if job_ids else "")
+        else:
+            report.sacct_note = "Slurm accounting not asked for (--no-sacct)"
+        if cfg.export:
+            report.outputs.update(export.write_csv(series, report.events, out))
+            trace = export.write_trace(run, series, report.events, out / "trace.json")
+            report.outputs["trace"] = str(trace)
+        images: dict[str, Path] = {}
+        if cfg.plots:
+            images = plots.write_plots(run, series, report, out, cfg.max_plot_points)
+            report.outputs.update({k: str(v) for k, v in images.items()})
+        report.elapsed_s = time.perf_counter() - t0
+        report.outputs["html"] = str(html.write_html(report, images, out / "report.html"))
+        report.outputs["json"] = str(out / "summary.json")
+        report.elapsed_s = time.perf_counter() - t0
+        (out / "summary.json").write_text(json.dumps(report.to_json(), indent=2, default=str))
+        return report
+    finally:
+        run.close()

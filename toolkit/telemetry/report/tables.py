@@ -1,0 +1,192 @@
+"""The report's tables as rows of text, shared by the terminal (rich) and the HTML page."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolkit.telemetry.report.build import Report
+
+
+def _ok(x: Any) -> bool:
+    return x is not None and not (isinstance(x, float) and math.isnan(x))
+
+
+def ms(x: Any) -> str:
+    return f"{1000 * x:,.1f}" if _ok(x) else "-"
+
+
+def pct(x: Any, scale: float = 100.0) -> str:
+    return f"{scale * x:.1f}" if _ok(x) else "-"
+
+
+def num(x: Any, fmt: str = ",.0f") -> str:
+    return format(x, fmt) if _ok(x) else "-"
+
+
+def when(t: float) -> str:
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S")
+
+
+NODE_HEADER = [
+    "node",
+    "attempts",
+    "ranks",
+    "GPUs",
+    "median step ms",
+    "p99 step ms",
+    "tokens/s",
+    "MFU %",
+    "data wait %",
+    "GPU util %",
+    "power W",
+    "throttle s",
+    "IB xmit GB/s",
+    "straggler score",
+]
+RANK_HEADER = [
+    "node",
+    "rank",
+    "steps",
+    "median step ms",
+    "p99 step ms",
+    "tokens/s",
+    "MFU %",
+    "data wait %",
+    "GPU util %",
+    "power W",
+    "throttle s",
+    "straggler score",
+]
+
+
+def node_rows(report: Report) -> list[list[str]]:
+    return [
+        [
+            r["node"],
+            ",".join(map(str, r["attempts"])),
+            str(r["ranks"]),
+            str(r["gpus"]),
+            ms(r["median_step_s"]),
+            ms(r["p99_step_s"]),
+            num(r["median_tokens_per_s"]),
+            pct(r["median_mfu"]),
+            pct(r["data_wait_share"]),
+            pct(r["gpu_util_pct"], 1.0),
+            num(r["power_w"]),
+            num(r["throttle_s"], ",.1f"),
+            num(r["ib_xmit_bytes_per_s"] / 1e9 if _ok(r["ib_xmit_bytes_per_s"]) else None, ".2f"),
+            num(r["straggler_score"], "+.3f"),
+        ]
+        for r in report.nodes
+    ]
+
+
+def rank_rows(report: Report) -> list[list[str]]:
+    return [
+        [
+            r["node"],
+            str(r["rank"]),
+            str(r["steps"]),
+            ms(r["median_step_s"]),
+            ms(r["p99_step_s"]),
+            num(r["median_tokens_per_s"]),
+            pct(r["median_mfu"]),
+            pct(r["data_wait_share"]),
+            pct(r["gpu_util_pct"], 1.0),
+            num(r["power_w"]),
+            num(r["throttle_s"], ",.1f"),
+            num(r["straggler_score"], "+.3f"),
+        ]
+        for r in report.ranks
+    ]
+
+
+STRAGGLER_HEADER = ["kind", "who", "score", "steps above margin", "metric"]
+GAP_HEADER = ["start (UTC)", "end (UTC)", "duration s", "ranks", "explanation"]
+ATTRIBUTION_HEADER = ["category", "rank-seconds", "share %"]
+
+
+def straggler_rows(report: Report) -> list[list[str]]:
+    return [
+        [s.kind, s.who, f"+{100 * s.score:.1f}%", f"{100 * s.persistence:.0f}%", s.metric]
+        for s in report.stragglers
+    ]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"{len(ranks)} ranks" if len(ranks) > 6 else ",".join(map(str, ranks))
+
+
+def gap_rows(report: Report) -> list[list[str]]:
+    return [
+        [when(g.start), when(g.end), f"{g.duration_s:,.1f}", _ranks_text(g.ranks), g.explanation]
+        for g in report.idle_gaps
+    ]
+
+
+def attribution_rows(report: Report) -> list[list[str]]:
+    shares = report.attribution.shares()
+    return [
+        [k.replace("_", " "), f"{v:,.1f}", f"{100 * shares[k]:.1f}"]
+        for k, v in report.attribution.seconds.items()
+    ]
+
+
+def print_report(report: Report, console: Any = None, max_rank_rows: int = 64) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        import sys
+
+        console = Console() if sys.stdout.isatty() else Console(width=180)
+
+    def show(title: str, header: list[str], rows: list[list[str]]) -> None:
+        table = Table(title=title, title_justify="left")
+        for h in header:
+            table.add_column(
+                h,
+                justify="left"
+                if h in ("node", "who", "explanation", "kind", "category")
+                else "right",
+            )
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+
+    show("Nodes", NODE_HEADER, node_rows(report))
+    ranks = rank_rows(report)
+    if len(ranks) > max_rank_rows:
+        ranks = sorted(ranks, key=lambda r: -float(r[-1]) if r[-1] != "-" else 0)[:max_rank_rows]
+        show(
+            f"Ranks (the {max_rank_rows} with the highest straggler score of {len(report.ranks)})",
+            RANK_HEADER,
+            ranks,
+        )
+    else:
+        show("Ranks", RANK_HEADER, ranks)
+    if report.stragglers:
+        show("Stragglers", STRAGGLER_HEADER, straggler_rows(report))
+    else:
+        console.print("Stragglers: none found")
+    if report.idle_gaps:
+        show("Idle gaps", GAP_HEADER, gap_rows(report))
+    else:
+        console.print("Idle gaps: none found")
+    show("Where the time went (all ranks)", ATTRIBUTION_HEADER, attribution_rows(report))
+    for group, why in report.absent.items():
+        console.print(f"[dim]{group}: absent: {why}[/dim]")
+    for path, why in report.skipped:
+        console.print(f"[yellow]skipped {path}: {why}[/yellow]")
+    console.print(f"[dim]{report.sacct_note}[/dim]")
+    if report.sacct:
+        for job in report.sacct["jobs"][:5]:
+            console.print(
+                f"slurm job {job['job_id']}: state {job['state']}, elapsed {job['elapsed_s']} s, "
+                f"requeues {job['requeues']}, nodes {job['nodes']}"
+            )
+    for key, path in report.outputs.items():
+        console.print(f"[dim]{key}: {path}[/dim]")

@@ -1,0 +1,164 @@
+"""The rank side: a `Sink` that forwards step records and events to the node agent.
+
+Every rank gets a `TelemetrySink`; the first rank of each node also starts the node agent
+(`toolkit.telemetry.agent`) as a child process and, at close, waits for its final flush.
+Nothing here blocks training or raises into it: see `transport.Sender`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from toolkit.config.telemetry import TelemetryConfig
+from toolkit.distributed.env import DistEnv
+from toolkit.telemetry.schema import node_name
+from toolkit.telemetry.transport import Sender, socket_path
+from toolkit.train.metrics import Event, StepRecord
+
+log = logging.getLogger(__name__)
+
+
+def attempt_from_env(environ: dict[str, str] | None = None) -> int:
+    """The job attempt: Slurm's restart count (requeues), 0 when run locally."""
+    env = os.environ if environ is None else environ
+    try:
+        return int(env.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0
+
+
+def ranks_by_node(env: DistEnv) -> dict[str, list[int]]:
+    """Every node's hostname -> its global ranks (one all_gather at start; every rank calls
+    this at the same point, so the collective is safe)."""
+    import torch.distributed as dist
+
+    me = (node_name(), env.rank)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, me)
+    else:
+        gathered = [me]
+    nodes: dict[str, list[int]] = {}
+    for host, rank in gathered:
+        nodes.setdefault(host, []).append(int(rank))
+    return {host: sorted(ranks) for host, ranks in nodes.items()}
+
+
+class TelemetrySink:
+    def __init__(
+        self,
+        cfg: TelemetryConfig,
+        rank: int,
+        path: str,
+        agent: subprocess.Popen | None = None,
+    ):
+        self.cfg = cfg
+        self.rank = rank
+        self.sender = Sender(path, cfg.max_pending)
+        self.agent = agent
+
+    def write_step(self, record: StepRecord) -> None:
+        self.sender.send({"kind": "step", **dataclasses.asdict(record)})
+
+    def write_event(self, event: Event) -> None:
+        self.sender.send({"kind": "event", **dataclasses.asdict(event)})
+
+    def close(self) -> None:
+        try:
+            if not self.sender.flush(self.cfg.close_timeout_s):
+                log.warning(
+                    "telemetry: %d records of rank %d not delivered to the node agent",
+                    len(self.sender.pending),
+                    self.rank,
+                )
+            if self.sender.dropped:
+                log.warning(
+                    "telemetry: rank %d dropped %d records (agent unreachable or slow)",
+                    self.rank,
+                    self.sender.dropped,
+                )
+            # Goodbye last, best effort: the agent stops once every local rank said it.
+            goodbye = {"kind": "goodbye", "rank": self.rank, "owner": self.agent is not None}
+            self.sender.send(goodbye)
+            self.sender.flush(min(1.0, self.cfg.close_timeout_s))
+            self.sender.close()
+            if self.agent is not None:
+                stop_agent(self.agent, self.cfg.close_timeout_s)
+        except Exception:  # noqa: BLE001 - closing telemetry must not fail the run
+            log.exception("telemetry: close failed on rank %d", self.rank)
+
+
+def stop_agent(agent: subprocess.Popen, timeout_s: float) -> None:
+    try:
+        agent.wait(timeout=timeout_s)
+        return
+    except subprocess.TimeoutExpired:
+        log.warning(
+            "telemetry agent (pid %d) still running after %.0f s; stopping it", agent.pid, timeout_s
+        )
+    agent.send_signal(signal.SIGTERM)
+    try:
+        agent.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait()
+
+
+def start_agent(spec: dict[str, Any], run_dir: Path, node: str) -> subprocess.Popen:
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / f"telemetry-{node}.log", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "toolkit.telemetry.agent"],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    if proc.stdin is not None:  # always, with stdin=PIPE
+        proc.stdin.write(json.dumps(spec).encode())
+        proc.stdin.close()
+    return proc
+
+
+def build_telemetry_sinks(cfg: TelemetryConfig, env: DistEnv, run_dir: Path) -> list[Any]:
+    """The telemetry sink of this rank ([] when telemetry is off). Call on every rank."""
+    if not cfg.enabled:
+        return []
+    try:
+        nodes = ranks_by_node(env)
+        node = node_name()
+        ranks = nodes.get(node, [env.rank])
+        restart = attempt_from_env()
+        path = socket_path(run_dir, node, env.job_id, restart)
+        agent = None
+        if env.rank == min(ranks):
+            from toolkit.runinfo import torch_versions
+
+            spec = {
+                "run_dir": str(run_dir),
+                "node": node,
+                "attempt": restart,
+                "job_id": env.job_id,
+                "node_rank": env.node_rank,
+                "ranks": ranks,
+                "world_size": env.world_size,
+                "num_nodes": len(nodes),
+                "socket": path,
+                "parent_pid": os.getpid(),
+                "config": dataclasses.asdict(cfg),
+                "versions": torch_versions(),
+                "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+            }
+            agent = start_agent(spec, run_dir, node)
+        return [TelemetrySink(cfg, env.rank, path, agent)]
+    except Exception:  # noqa: BLE001 - no telemetry is better than no training
+        log.exception("telemetry: could not start on rank %d; continuing without it", env.rank)
+        return []
