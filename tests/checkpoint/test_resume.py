@@ -82,3 +82,12 @@ def test_a_two_rank_checkpoint_resumes_on_four_ranks(checkpointed_run, reference
     assert sorted(resumed) == [5, 6, 7, 8]
     for step, loss in resumed.items():
         assert loss == pytest.approx(reference[step], abs=1e-4)
+
+
+def test_touching_save_now_checkpoints_at_the_next_step(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "checkpoints" / "save-now").touch()
+    done = launch(run_dir, "checkpoint.enabled=true", "checkpoint.save_final=false")
+    assert done.returncode == 0, done.stderr
+    assert checkpoint_names(run_dir) == ["step-00000001"]  # the trigger is consumed

@@ -301,7 +301,8 @@ def run_resume(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "checkpoint_GB": total / 1e9,
                         "fresh_start_to_first_step_s": fresh,
                         "resume_start_to_first_step_s": resumed,
-                        "load_s": restart["end"] - restart["start"],
+                        "load_s": restart["attrs"]["load_s"],
+                        "verify_s": restart["attrs"]["verify_s"],
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)

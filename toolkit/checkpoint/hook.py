@@ -76,6 +76,7 @@ class CheckpointHook:
         self._requested = False
         self._stop_reason: str | None = None
         self._signal_name = "none"
+        self._verify_s = 0.0
 
     def request_save(self) -> None:
         """Checkpoint at the next step boundary (call on any rank)."""
@@ -100,13 +101,16 @@ class CheckpointHook:
 
     def _pick_resume_path(self, rank: int) -> str | None:
         """Rank 0 removes torn saves and picks (and verifies) the checkpoint; all ranks get it."""
-        choice: list[Any] = [None, None]  # [path, error]
+        choice: list[Any] = [None, None, 0.0]  # [path, error, seconds spent verifying]
         if rank == 0:
+            t0 = time.perf_counter()
             try:
                 choice[0] = self._choose()
             except Exception as exc:  # noqa: BLE001 - every rank must learn of it, not hang
                 choice[1] = f"{type(exc).__name__}: {exc}"
+            choice[2] = time.perf_counter() - t0
         dist.broadcast_object_list(choice, src=0)
+        self._verify_s = float(choice[2])
         if choice[1] is not None:
             raise RuntimeError(f"cannot resume: {choice[1]}")
         return choice[0]
@@ -176,6 +180,8 @@ class CheckpointHook:
                 trainer.rank,
                 {
                     "checkpoint": str(path),
+                    "verify_s": self._verify_s,  # rank 0: discovery + manifest checks
+                    "load_s": time.time() - t0,
                     "restart_count": restart_count(),
                     "saved_world_size": int(state["world_size"]),
                     "world_size": trainer.world_size,
