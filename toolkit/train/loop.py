@@ -203,7 +203,9 @@ class Trainer:
                 ):
                     self.stop_reason = "time budget reached"
                     break
-            if self.stop_reason == "completed" or val_loss is None:
+            # A hook stop (preemption) must exit within the signal's lead time: no final eval.
+            stopped_by_hook = self.stop_reason == "stopped by hook"
+            if not stopped_by_hook and (self.stop_reason == "completed" or val_loss is None):
                 val_loss = self._eval_event() if self.val_loader is not None else None
         finally:
             self.loader.close()
