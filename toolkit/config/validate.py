@@ -169,6 +169,12 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(problems)
     if job.cluster.kind == "local" and (job.cluster.partition or job.cluster.account):
         warnings.warn("cluster.partition/account are ignored by cluster=local", stacklevel=2)
+    if job.cluster.kind == "slurm" and job.task == "train" and not job.checkpoint.enabled:
+        warnings.warn(
+            "checkpoint.enabled=false on Slurm: a preemption or time limit loses the whole run; "
+            "use checkpoint=periodic",
+            stacklevel=2,
+        )
 
 
 # Component checks (each module owns its own; imported last to avoid import cycles).
