@@ -68,7 +68,14 @@ def queued(cluster, job_name: str) -> list[str]:
 
 
 def test_two_node_fsdp_run_matches_the_local_two_rank_run(slurm_cluster, tmp_path):
-    local = launch(slurm_cluster, *TINY, "cluster=local", f"hydra.run.dir={tmp_path / 'local'}")
+    # One intra-op thread per rank in both runs: the thread count changes float summation order.
+    local = launch(
+        slurm_cluster,
+        *TINY,
+        "cluster=local",
+        "cluster.cpus_per_task=1",
+        f"hydra.run.dir={tmp_path / 'local'}",
+    )
     assert local.returncode == 0, local.stderr
     slurm = launch(
         slurm_cluster,
@@ -76,6 +83,7 @@ def test_two_node_fsdp_run_matches_the_local_two_rank_run(slurm_cluster, tmp_pat
         "cluster=slurm",
         "cluster.nodes=2",
         "cluster.tasks_per_node=1",
+        "cluster.cpus_per_task=1",
         f"hydra.run.dir={tmp_path / 'slurm'}",
     )
     assert slurm.returncode == 0, slurm.stdout + slurm.stderr

@@ -20,8 +20,12 @@ from toolkit.executors import PreparedRun, repo_root
 POLL_S = 0.1
 
 
-def rank_env(rank: int, world: int, port: int, run_dir: Path) -> dict[str, str]:
+def rank_env(
+    rank: int, world: int, port: int, run_dir: Path, cpus_per_task: int | None = None
+) -> dict[str, str]:
     env = dict(os.environ)
+    if cpus_per_task:
+        env["TOOLKIT_CPUS_PER_TASK"] = str(cpus_per_task)  # intra-op threads per rank
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -106,7 +110,7 @@ class LocalExecutor:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "toolkit.entrypoint", str(run.run_dir)],
-                    env=rank_env(rank, world, port, run.run_dir),
+                    env=rank_env(rank, world, port, run.run_dir, job.cluster.cpus_per_task),
                     stdout=out,
                     stderr=err,
                     stdin=subprocess.DEVNULL,
