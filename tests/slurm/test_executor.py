@@ -59,6 +59,11 @@ def losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in read_steps(run_dir / "metrics" / "rank0.jsonl")]
 
 
+def errors(stderr: str) -> list[str]:
+    """The error lines (warnings, e.g. about checkpoints being off, may precede them)."""
+    return [line for line in stderr.strip().splitlines() if not line.startswith("warning:")]
+
+
 def unique_name() -> str:
     return f"t{uuid.uuid4().hex[:8]}"
 
@@ -242,7 +247,7 @@ def test_no_sbatch_on_path_is_one_clear_line(slurm_cluster, tmp_path):
     env = slurm_cluster.env | {"PATH": str(tmp_path / "empty")}
     proc = launch(slurm_cluster, *TINY, "cluster=slurm", f"hydra.run.dir={tmp_path}", env=env)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
+    assert errors(proc.stderr) == [
         "error: cluster=slurm: no `sbatch` on PATH; point SLURM_CONF at your cluster's "
         "slurm.conf (or run on a login node), or start the local dev cluster: "
         'scripts/dev-cluster up && eval "$(scripts/dev-cluster env)"'
@@ -260,7 +265,7 @@ def test_unreachable_slurmctld_is_one_clear_line(slurm_cluster, tmp_path):
     env = slurm_cluster.env | {"SLURM_CONF": str(dead / "slurm.conf")}
     proc = launch(slurm_cluster, *TINY, "cluster=slurm", f"hydra.run.dir={tmp_path}", env=env)
     assert proc.returncode == 1
-    [line] = proc.stderr.strip().splitlines()
+    [line] = errors(proc.stderr)
     assert line.startswith(f"error: cluster=slurm: slurmctld is not reachable (SLURM_CONF={dead}")
     assert "scripts/dev-cluster up" in line
 
@@ -268,6 +273,6 @@ def test_unreachable_slurmctld_is_one_clear_line(slurm_cluster, tmp_path):
 def test_unknown_cluster_key_fails_before_submission_listing_valid_keys(slurm_cluster):
     proc = launch(slurm_cluster, *TINY, "cluster=slurm", "cluster.partiton=debug")
     assert proc.returncode == 2
-    [line] = proc.stderr.strip().splitlines()
+    [line] = errors(proc.stderr)
     assert line.startswith("error: cluster.partiton: unknown key 'partiton' in cluster; valid")
     assert "partition" in line and "array_parallelism" in line
