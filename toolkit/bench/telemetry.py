@@ -1,4 +1,4 @@
-"""Telemetry benchmarks (scripts, not timed tests); figures go to docs/benchmarks/telemetry.md.
+"""Telemetry benchmarks (scripts, not timed tests); figures go to docs/BENCHMARKS.md.
 
 python -m toolkit.bench.telemetry overhead [--reps 5 --steps 60]
     step time of real local runs (model=gpt_tiny, 2 ranks) with telemetry off, on at 1 s

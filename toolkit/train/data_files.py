@@ -1,7 +1,7 @@
 """Files the training data needs, created once by the launcher before any rank starts.
 
 numpy only, no torch: the launcher imports this on every launch, and importing torch
-there costs seconds before submission (see docs/benchmarks/slurm.md).
+there costs seconds before submission (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
