@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from toolkit.config.errors import below_minimum
+
 
 @dataclass
 class CollectivesConfig:
@@ -50,18 +52,13 @@ def collectives_problems(cfg: CollectivesConfig, world_size: int) -> list[str]:
             f"collectives.ops={list(cfg.ops)}: unknown or empty; allowed: "
             f"{', '.join(CollectivesConfig.OPS)}"
         )
-    if cfg.min_bytes < 1:
-        p.append(f"collectives.min_bytes={cfg.min_bytes}: must be >= 1")
+    p += below_minimum(
+        "collectives", cfg, {"min_bytes": 1, "step_factor": 2, "warmup_iters": 0, "iters": 1}
+    )
     if cfg.max_bytes is not None and cfg.max_bytes < cfg.min_bytes:
         p.append(
             f"collectives.max_bytes={cfg.max_bytes}: must be >= collectives.min_bytes={cfg.min_bytes}"
         )
-    if cfg.step_factor < 2:
-        p.append(f"collectives.step_factor={cfg.step_factor}: must be >= 2")
-    if cfg.warmup_iters < 0:
-        p.append(f"collectives.warmup_iters={cfg.warmup_iters}: must be >= 0")
-    if cfg.iters < 1:
-        p.append(f"collectives.iters={cfg.iters}: must be >= 1")
     if cfg.dtype not in CollectivesConfig.DTYPES:
         p.append(f"collectives.dtype={cfg.dtype}: allowed: {', '.join(CollectivesConfig.DTYPES)}")
     if cfg.redop not in CollectivesConfig.REDOPS:

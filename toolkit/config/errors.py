@@ -10,3 +10,12 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str] | str):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         super().__init__("\n".join(self.problems))
+
+
+def below_minimum(section: str, cfg: object, minimums: dict[str, int]) -> list[str]:
+    """One line per field of `cfg` below its minimum: '<section>.<field>=<value>: must be >= N'."""
+    return [
+        f"{section}.{name}={getattr(cfg, name)}: must be >= {low}"
+        for name, low in minimums.items()
+        if getattr(cfg, name) < low
+    ]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from toolkit.config.checkpoint import validate_checkpoint
 from toolkit.config.cluster import ClusterConfig, slurm_problems
 from toolkit.config.data import DataConfig
-from toolkit.config.errors import ConfigError
+from toolkit.config.errors import ConfigError, below_minimum
 from toolkit.config.job import JobConfig
 from toolkit.config.model import ModelConfig
 from toolkit.config.precision import PrecisionConfig
@@ -65,18 +65,13 @@ def _cluster(c: ClusterConfig) -> list[str]:
         p.append(
             f"cluster.tasks_per_node={c.tasks_per_node}: must be >= 1 (or null for one per GPU)"
         )
-    if c.nodes < 1:
-        p.append(f"cluster.nodes={c.nodes}: must be >= 1")
+    p += below_minimum("cluster", c, {"nodes": 1, "gpus_per_node": 0, "array_parallelism": 1})
     if c.kind == "local" and c.nodes != 1:
         p.append(
             f"cluster.nodes={c.nodes}: cluster=local runs on this machine only; use 1, or cluster=slurm"
         )
-    if c.gpus_per_node < 0:
-        p.append(f"cluster.gpus_per_node={c.gpus_per_node}: must be >= 0")
     if c.signal_lead_s < 0:
         p.append(f"cluster.signal_lead_s={c.signal_lead_s}: must be >= 0 seconds")
-    if c.array_parallelism < 1:
-        p.append(f"cluster.array_parallelism={c.array_parallelism}: must be >= 1")
     if c.kind == "slurm":
         p += slurm_problems(c)
     return p
@@ -88,9 +83,9 @@ def _model(m: ModelConfig, d: DataConfig) -> list[str]:
         p.append(
             f"model.kind={m.kind}: unknown model kind; allowed: {', '.join(ModelConfig.KINDS)}"
         )
-    for name in ("num_layers", "dim", "num_heads", "max_seq_len"):
-        if getattr(m, name) < 1:
-            p.append(f"model.{name}={getattr(m, name)}: must be >= 1")
+    p += below_minimum(
+        "model", m, dict.fromkeys(("num_layers", "dim", "num_heads", "max_seq_len"), 1)
+    )
     if m.num_heads >= 1 and m.dim % m.num_heads:
         p.append(f"model.dim={m.dim}: must be divisible by model.num_heads={m.num_heads}")
     if d.seq_len > m.max_seq_len:
