@@ -1,5 +1,7 @@
 """The manifest names the bad file; discovery ignores torn and corrupt checkpoints."""
 
+import hashlib
+import json
 import os
 import pickle
 
@@ -7,7 +9,13 @@ import pytest
 
 from toolkit.checkpoint.discovery import latest_valid, remove_torn
 from toolkit.checkpoint.layout import MANIFEST, committed_path, tmp_path
-from toolkit.checkpoint.manifest import CheckpointCorrupt, build_manifest, verify
+from toolkit.checkpoint.manifest import (
+    CheckpointCorrupt,
+    FileEntry,
+    build_manifest,
+    checksum_file,
+    verify,
+)
 from toolkit.checkpoint.storage import LocalStorage, SafeFileSystemReader
 
 
@@ -30,7 +38,43 @@ def test_a_truncated_shard_is_named(tmp_path):
 def test_an_altered_shard_is_named(tmp_path):
     d = make_checkpoint(tmp_path, 2)
     (d / "__0_0.distcp").write_bytes(b"y" * 1000)  # same size, other bytes
-    with pytest.raises(CheckpointCorrupt, match=r"__0_0\.distcp: sha256 differs"):
+    with pytest.raises(CheckpointCorrupt, match=r"__0_0\.distcp: xxh3_128 checksum differs"):
+        verify(d)
+
+
+def test_checksums_other_ranks_reported_are_used_only_while_the_size_matches(tmp_path):
+    d = tmp_path / "step"
+    d.mkdir()
+    (d / ".metadata").write_bytes(b"meta")
+    (d / "__1_0.distcp").write_bytes(b"z" * 100)
+    reported = {"__1_0.distcp": FileEntry(100, "from-rank-1")}
+    assert build_manifest(d, 2, 2, "abc", reported).files["__1_0.distcp"].checksum == "from-rank-1"
+    reported = {"__1_0.distcp": FileEntry(99, "stale")}  # the file changed since: hash it here
+    entry = build_manifest(d, 2, 2, "abc", reported).files["__1_0.distcp"]
+    assert entry == FileEntry(100, checksum_file(d / "__1_0.distcp"))
+
+
+def test_checkpoints_committed_with_sha256_manifests_still_verify(tmp_path):
+    d = committed_path(tmp_path, 2)
+    d.mkdir(parents=True)
+    files = {".metadata": b"meta", "__0_0.distcp": b"x" * 1000}
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    old = {  # format 1, as the first release wrote it
+        "step": 2,
+        "world_size": 2,
+        "config_hash": "abc",
+        "created_unix": 0.0,
+        "format_version": 1,
+        "files": {
+            n: {"size_bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+            for n, b in files.items()
+        },
+    }
+    (d / MANIFEST).write_text(json.dumps(old))
+    assert verify(d).checksum_algorithm == "sha256"
+    (d / "__0_0.distcp").write_bytes(b"y" * 1000)
+    with pytest.raises(CheckpointCorrupt, match=r"__0_0\.distcp: sha256 checksum differs"):
         verify(d)
 
 

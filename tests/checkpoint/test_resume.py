@@ -16,6 +16,7 @@ from tests.checkpoint.conftest import (
     start,
     wait_for,
 )
+from toolkit.checkpoint.manifest import verify
 from toolkit.checkpoint.preemption import EXIT_PREEMPTED
 
 
@@ -26,6 +27,12 @@ def test_an_uninterrupted_checkpointed_run_matches_the_reference(checkpointed_ru
     saves = events(checkpointed_run, "checkpoint")
     assert [e["step"] for e in saves] == [2, 4, 6, 8]
     assert all(e["attrs"]["async"] and e["attrs"]["size_bytes"] > 0 for e in saves)
+    # DCP's background writer ran at the default priority, below the training thread's.
+    assert {e["attrs"]["writer_priority"] for e in saves} == {"idle"}
+    # Each rank checksummed its own shard; rank 0 put both in the manifest, and they verify.
+    manifest = verify(checkpointed_run / "checkpoints" / "step-00000008")
+    assert {"__0_0.distcp", "__1_0.distcp", "rng/rank1.json"} <= set(manifest.files)
+    assert manifest.checksum_algorithm == "xxh3_128"
 
 
 def rank_process(launcher_pid: int, rank: int) -> psutil.Process:

@@ -5,9 +5,12 @@ the first resumed step as checkpoints grow.
     python -m toolkit.bench.checkpoint stall  [--model gpt_125m] [--ranks 2] [--trials 5]
     python -m toolkit.bench.checkpoint resume [--models gpt_tiny,gpt_small,gpt_125m]
 
-Stall: in each trial the same ranks run N steps three ways, in rotating order: no
-checkpoint, an async save after the first step, a blocking `dcp.save` after the first step.
-Lost time per checkpoint = median(N steps with it) - median(N steps without it).
+Stall: in each trial the same ranks run N steps several ways, in rotating order: no
+checkpoint; an async save (`Checkpointer.save`, the training hook's code path) after the
+first step, once per writer priority (`--priorities`); a blocking `dcp.save` (the baseline,
+`sync_dcp_save`) after the first step. An async window ends when its save has committed,
+so a save still running after the last step counts as lost time.
+Lost time per checkpoint = median(window with it) - median(window without it).
 Raw write: each rank writes its shard's bytes with plain file writes + fsync (baseline code
 below, `raw_write`), concurrently, on the same disk, in the same run.
 """
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +82,14 @@ def _local_tensors(state: dict[str, Any]) -> list[Any]:
 
 
 def stall_worker(
-    rank: int, world: int, port: int, job: Any, out_dir: str, trials: int, steps: int
+    rank: int,
+    world: int,
+    port: int,
+    job: Any,
+    out_dir: str,
+    trials: int,
+    steps: int,
+    priorities: list[str],
 ) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -101,8 +112,18 @@ def stall_worker(
     device = init_distributed(env, 1800)
     root = Path(out_dir)
     trainer = build_trainer(job, env, root / "run", device)
-    ckpt = Checkpointer(job.checkpoint, root / "ckpt", LocalStorage(), {}, "bench", device)
-    pg = ckpt.pg
+    ckpts = {
+        f"async-{p}": Checkpointer(
+            replace(job.checkpoint, writer_priority=p),
+            root / f"ckpt-{p}",
+            LocalStorage(),
+            {},
+            "bench",
+            device,
+        )
+        for p in priorities
+    }
+    pg = next(iter(ckpts.values())).pg
 
     def step() -> None:
         _, micro = next(trainer.loader)
@@ -111,19 +132,19 @@ def stall_worker(
 
     for _ in range(2):  # warm-up: allocation, optimizer state
         step()
-    times: dict[str, list[float]] = {"none": [], "async": [], "sync": []}
-    saves: list[dict[str, float]] = []
+    modes = ["none", *ckpts, "sync"]
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    saves: dict[str, list[dict[str, Any]]] = {m: [] for m in ckpts}
     sync_s: list[float] = []
-    modes = ["none", "async", "sync"]
     for trial in range(trials):
-        order = modes[trial % 3 :] + modes[: trial % 3]
+        order = modes[trial % len(modes) :] + modes[: trial % len(modes)]
         for mode in order:
             dist.barrier()
             t0 = time.perf_counter()
             for i in range(steps):
                 step()
-                if i == 0 and mode == "async":
-                    ckpt.save(
+                if i == 0 and mode in ckpts:
+                    ckpts[mode].save(
                         trainer.state.step,
                         trainer.model,
                         trainer.optimizer,
@@ -134,27 +155,32 @@ def stall_worker(
                     sync_s.append(
                         sync_dcp_save({"model": m, "optim": o}, root / f"sync-{trial}", pg)
                     )
+            steps_end = time.time()
+            if mode in ckpts:  # a save still running after the last step counts as lost
+                finished = ckpts[mode].wait()
             dist.barrier()
-            window_end = time.time()
             times[mode].append(time.perf_counter() - t0)
             if rank == 0:
                 print(f"trial {trial} {mode}: {times[mode][-1]:.2f} s", file=sys.stderr, flush=True)
-            if mode == "async":
-                for r in ckpt.wait():
-                    saves.append(
+            if mode in ckpts:
+                for r in finished:
+                    saves[mode].append(
                         {
                             "stall_s": r.stall_s,
                             "staging_s": r.staging_s,
                             "write_s": r.write_s,
+                            "checksum_s": r.checksum_s,
                             "commit_s": r.commit_s,
                             "size_bytes": r.size_bytes,
-                            "finished_in_window": r.end - r.commit_s <= window_end,
+                            "finished_before_last_step_end": r.end <= steps_end,
+                            "tail_wait_s": max(0.0, r.end - steps_end),
+                            "writer_priority": r.writer.thread_priority,
                             "error": r.error,
                         }
                     )
             dist.barrier()
             if rank == 0:
-                for p in list((root / "ckpt").glob("step-*")) + list(root.glob("sync-*")):
+                for p in list(root.glob("ckpt-*/step-*")) + list(root.glob("sync-*")):
                     shutil.rmtree(p, ignore_errors=True)
             dist.barrier()
     m, o = get_state_dict(trainer.model, trainer.optimizer)
@@ -165,7 +191,8 @@ def stall_worker(
     t_all = [raw_s]
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, {"raw_bytes": raw_bytes, "raw_s": raw_s})
-    ckpt.close()
+    for c in ckpts.values():
+        c.close()
     if rank == 0:
         total_raw = sum(g["raw_bytes"] for g in gathered)
         slowest_raw = max(g["raw_s"] for g in gathered)
@@ -176,37 +203,44 @@ def stall_worker(
             "window_s": times,
             "async_saves": saves,
             "sync_save_s": sync_s,
-            "checkpoint_bytes": saves[0]["size_bytes"] if saves else None,
+            "checkpoint_bytes": next(s["size_bytes"] for v in saves.values() for s in v),
             "raw_write": {"bytes": total_raw, "seconds": slowest_raw},
         }
         (root / RESULT).write_text(json.dumps(result, indent=1))
     del t_all
     shutil.rmtree(root / "raw", ignore_errors=True)
-    shutil.rmtree(root / "ckpt", ignore_errors=True)
+    for p in root.glob("ckpt-*"):
+        shutil.rmtree(p, ignore_errors=True)
     shutdown_distributed()
 
 
-def summarize_stall(r: dict[str, Any]) -> dict[str, float]:
+def summarize_stall(r: dict[str, Any]) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in r["window_s"].items()}
     size = r["checkpoint_bytes"]
-    write = statistics.median(s["write_s"] for s in r["async_saves"])
     sync = statistics.median(r["sync_save_s"])
-    out = {
+    out: dict[str, Any] = {
         "checkpoint_GB": size / 1e9,
-        "median_window_none_s": med["none"],
-        "median_window_async_s": med["async"],
-        "median_window_sync_s": med["sync"],
-        "lost_async_s": med["async"] - med["none"],
-        "lost_sync_s": med["sync"] - med["none"],
+        "median_window_s": med,
         "sync_dcp_save_s": sync,
-        "async_staging_s": statistics.median(s["staging_s"] for s in r["async_saves"]),
-        "async_background_write_s": write,
-        "async_commit_s": statistics.median(s["commit_s"] for s in r["async_saves"]),
-        "async_save_GBps": size / 1e9 / write,
         "sync_save_GBps": size / 1e9 / sync,
+        "lost_sync_s": med["sync"] - med["none"],
         "raw_write_GBps": r["raw_write"]["bytes"] / 1e9 / r["raw_write"]["seconds"],
     }
-    out["stall_ratio_async_over_sync"] = out["lost_async_s"] / out["lost_sync_s"]
+    for mode, saves in r["async_saves"].items():
+        lost = med[mode] - med["none"]
+        write = statistics.median(s["write_s"] for s in saves)
+        out[mode] = {
+            "lost_s": lost,
+            "lost_over_sync_save": lost / sync,
+            "lost_over_lost_sync": lost / out["lost_sync_s"],
+            "blocked_s": statistics.median(s["stall_s"] for s in saves),
+            "blocked_over_sync_save": statistics.median(s["stall_s"] for s in saves) / sync,
+            "background_write_s": write,
+            "checksum_s": statistics.median(s["checksum_s"] for s in saves),
+            "commit_s": statistics.median(s["commit_s"] for s in saves),
+            "tail_wait_s": statistics.median(s["tail_wait_s"] for s in saves),
+            "save_GBps": size / 1e9 / write,
+        }
     return out
 
 
@@ -230,7 +264,15 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
     try:
         mp.spawn(
             stall_worker,
-            args=(args.ranks, free_port(), job, str(out_dir), args.trials, args.steps),
+            args=(
+                args.ranks,
+                free_port(),
+                job,
+                str(out_dir),
+                args.trials,
+                args.steps,
+                args.priorities.split(","),
+            ),
             nprocs=args.ranks,
         )
         raw = json.loads((out_dir / RESULT).read_text())
@@ -321,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--steps", type=int, default=6)
     s.add_argument("--seq-len", type=int, default=64)
     s.add_argument("--global-batch", type=int, default=4)
+    s.add_argument(
+        "--priorities",
+        default="idle,normal",
+        help="checkpoint.writer_priority values, each an async mode of its own",
+    )
     r = sub.add_parser("resume")
     r.add_argument("--models", default="gpt_tiny,gpt_small,gpt_125m")
     r.add_argument("--reps", type=int, default=2)

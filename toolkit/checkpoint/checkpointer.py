@@ -5,10 +5,11 @@ also writes the trainer state and config (JSON). With `async_save`, the training
 waits only for the previous save (at most one in flight) and for the copy of the state into
 CPU memory (pinned on GPU); DCP writes in a background thread over a gloo group of its own,
 so its collectives never interleave with training's. A commit worker per rank waits for the
-write; on rank 0 it then writes the manifest (sizes, sha256) and renames the directory to
-`step-<N>`, and hands retention to the purge worker. DCP's finish step gathers every rank's
-write result on rank 0 before the future completes, so rank 0 commits only after all ranks
-finished writing.
+write and checksums the shards its rank wrote; rank 0 gathers the checksums, writes the
+manifest (sizes, checksums) and renames the directory to `step-<N>`, and hands retention to
+the purge worker. DCP's finish step gathers every rank's write result on rank 0 before the
+future completes, so rank 0 commits only after all ranks finished writing. The background
+threads run at `checkpoint.writer_priority` (see toolkit.checkpoint.priority).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from toolkit.checkpoint.layout import (
     rng_file,
     tmp_path,
 )
-from toolkit.checkpoint.manifest import build_manifest
+from toolkit.checkpoint.manifest import FileEntry, build_manifest, describe_files
+from toolkit.checkpoint.priority import lower_this_thread
 from toolkit.checkpoint.retention import Purger, steps_to_delete
 from toolkit.checkpoint.state import capture_rng, mismatches, tensor_shapes, to_json_bytes
 from toolkit.checkpoint.storage import Storage
@@ -64,7 +66,8 @@ class SaveResult:
     wait_previous_s: float = 0.0
     staging_s: float = 0.0  # state dict + copy to CPU memory
     write_s: float = 0.0  # background: DCP write until every rank finished
-    commit_s: float = 0.0  # rank 0: manifest (checksums) + rename
+    checksum_s: float = 0.0  # this rank: checksums of the files it wrote
+    commit_s: float = 0.0  # rank 0: gather checksums, manifest, rename
     size_bytes: int = 0  # rank 0: bytes in the committed checkpoint
     error: str | None = None
     end: float = 0.0
@@ -124,7 +127,7 @@ class Checkpointer:
             target=self._commit_loop, name="checkpoint-commit", daemon=True
         )
         self._worker.start()
-        self._purger = Purger(storage.remove) if self.rank == 0 else None
+        self._purger = Purger(storage.remove, cfg.writer_priority) if self.rank == 0 else None
         self.last_step: int | None = None
 
     # -- saving ------------------------------------------------------------------------
@@ -156,6 +159,7 @@ class Checkpointer:
             state = {"model": model_sd, "optim": optim_sd}
             writer = result.writer = self.storage.dcp_writer(tmp)
             if self._stager is not None:
+                writer.background_priority = self.cfg.writer_priority
                 result.future = dcp.async_save(
                     state, storage_writer=writer, process_group=self.pg, async_stager=self._stager
                 )
@@ -187,6 +191,7 @@ class Checkpointer:
             self.storage.write_bytes(tmp / CONFIG, to_json_bytes(self.config))
 
     def _commit_loop(self) -> None:
+        lower_this_thread(self.cfg.writer_priority)
         while True:
             result = self._queue.get()
             if result is _STOP:
@@ -195,8 +200,9 @@ class Checkpointer:
             try:
                 result.future.result()
                 result.write_s = time.perf_counter() - t0
+                entries = self._gather_checksums(result)
                 if self.rank == 0:
-                    self._commit(result)
+                    self._commit(result, entries)
             # DCP's CheckpointException derives from BaseException: catch it explicitly.
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - keep the worker alive
                 fs_error = getattr(getattr(result.writer, "fs", None), "error", None)
@@ -209,9 +215,39 @@ class Checkpointer:
                 self._finished.append(result)
             result.done.set()
 
-    def _commit(self, result: SaveResult) -> None:
+    def _gather_checksums(self, result: SaveResult) -> dict[str, FileEntry]:
+        """Checksum the files this rank wrote and gather every rank's on rank 0 (over the
+        checkpoint's group; DCP's write future succeeds or fails on all ranks alike, so all
+        of them get here). Raises on every rank if one could not checksum its files."""
         t0 = time.perf_counter()
-        manifest = build_manifest(result.path, result.step, self.world_size, self.config_hash)
+        tmp = result.path
+        mine = [rng_file(self.rank)] + [  # its shards; rank 0 checksums .metadata itself
+            str(p.relative_to(tmp)) for p in result.writer.written if p.suffix == ".distcp"
+        ]
+        try:
+            report: Any = describe_files(tmp, mine)
+        except OSError as exc:
+            report = f"rank {self.rank}: {exc}"
+        result.checksum_s = time.perf_counter() - t0
+        reports: list[Any] = [None] * self.world_size if self.rank == 0 else []
+        if self.world_size > 1:
+            dist.gather_object(report, reports if self.rank == 0 else None, 0, group=self.pg)
+        else:
+            reports = [report]
+        if self.rank != 0:
+            if isinstance(report, str):
+                raise RuntimeError(f"checksums failed: {report}")
+            return {}
+        failed = [r for r in reports if isinstance(r, str)]
+        if failed:
+            raise RuntimeError("checksums failed: " + "; ".join(failed))
+        return {rel: entry for r in reports for rel, entry in r.items()}
+
+    def _commit(self, result: SaveResult, entries: dict[str, FileEntry]) -> None:
+        t0 = time.perf_counter()
+        manifest = build_manifest(
+            result.path, result.step, self.world_size, self.config_hash, entries
+        )
         self.storage.write_bytes(result.path / MANIFEST, manifest.to_json().encode())
         final = committed_path(self.root, result.step)
         if self.storage.exists(final):  # a stale copy of this step from an earlier job

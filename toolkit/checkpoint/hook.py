@@ -254,9 +254,11 @@ class CheckpointHook:
                 "wait_previous_s": r.wait_previous_s,
                 "staging_s": r.staging_s,
                 "write_s": r.write_s,
+                "checksum_s": r.checksum_s,
                 "commit_s": r.commit_s,
                 "size_bytes": r.size_bytes,
                 "async": self.cfg.async_save,
+                "writer_priority": getattr(r.writer, "thread_priority", None),
             }
             if r.error is not None:
                 self._save_failed = True

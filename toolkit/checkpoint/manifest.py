@@ -1,17 +1,29 @@
 """The commit record of a checkpoint: step, world size, config hash, every file's size and
-sha256, time. Written by rank 0 after all ranks finished; verification names the bad file."""
+checksum, time. Written by rank 0 after all ranks finished; verification names the bad file.
+
+Checksums are xxh3-128 (format 2): they detect truncated, torn or altered files at ~4 GB/s
+per core, where sha256 runs at ~1 GB/s and on CPU-only nodes competes with training for the
+same cores. They are integrity checks against accidents, not signatures: whoever can rewrite
+a shard can rewrite the manifest too. Format-1 manifests (sha256) still verify.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
+
+import xxhash
 
 from toolkit.checkpoint.layout import MANIFEST
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+CHECKSUM = "xxh3_128"
+_HASHES: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
 _CHUNK_BYTES = 8 << 20
 
 
@@ -22,7 +34,7 @@ class CheckpointCorrupt(RuntimeError):
 @dataclass
 class FileEntry:
     size_bytes: int
-    sha256: str
+    checksum: str
 
 
 @dataclass
@@ -32,6 +44,7 @@ class Manifest:
     config_hash: str
     created_unix: float
     files: dict[str, FileEntry] = field(default_factory=dict)  # relative path -> entry
+    checksum_algorithm: str = CHECKSUM
     format_version: int = FORMAT_VERSION
 
     @property
@@ -44,16 +57,30 @@ class Manifest:
     @staticmethod
     def from_json(text: str) -> Manifest:
         raw = json.loads(text)
+        if raw.get("format_version", 1) == 1:  # sha256 under its own key
+            raw["checksum_algorithm"] = "sha256"
+            for entry in raw["files"].values():
+                entry["checksum"] = entry.pop("sha256")
+        if raw["checksum_algorithm"] not in _HASHES:
+            raise ValueError(f"unknown checksum algorithm {raw['checksum_algorithm']!r}")
         files = {k: FileEntry(**v) for k, v in raw.pop("files").items()}
         return Manifest(files=files, **raw)
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+def checksum_file(path: Path, algorithm: str = CHECKSUM) -> str:
+    h = _HASHES[algorithm]()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK_BYTES):
             h.update(chunk)
     return h.hexdigest()
+
+
+def describe_files(directory: Path, relative: list[str]) -> dict[str, FileEntry]:
+    """Size and checksum of the given files (paths relative to `directory`)."""
+    return {
+        rel: FileEntry((directory / rel).stat().st_size, checksum_file(directory / rel))
+        for rel in relative
+    }
 
 
 def data_files(directory: Path) -> list[str]:
@@ -65,12 +92,27 @@ def data_files(directory: Path) -> list[str]:
     )
 
 
-def build_manifest(directory: Path, step: int, world_size: int, config_hash: str) -> Manifest:
-    files = {
-        rel: FileEntry((directory / rel).stat().st_size, sha256_file(directory / rel))
-        for rel in data_files(directory)
-    }
-    return Manifest(step, world_size, config_hash, time.time(), files)
+def build_manifest(
+    directory: Path,
+    step: int,
+    world_size: int,
+    config_hash: str,
+    known: dict[str, FileEntry] | None = None,
+) -> Manifest:
+    """The manifest of every file in `directory`. `known` holds entries other ranks computed
+    for the shards they wrote; they are used when the size on disk still matches, and every
+    other file is checksummed here."""
+    known = known or {}
+    files = {}
+    todo = []
+    for rel in data_files(directory):
+        entry = known.get(rel)
+        if entry is not None and (directory / rel).stat().st_size == entry.size_bytes:
+            files[rel] = entry
+        else:
+            todo.append(rel)
+    files.update(describe_files(directory, todo))
+    return Manifest(step, world_size, config_hash, time.time(), dict(sorted(files.items())))
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -86,7 +128,7 @@ def read_manifest(directory: Path) -> Manifest:
 
 
 def verify(directory: Path, checksums: bool = True) -> Manifest:
-    """The manifest, once every listed file exists with its size (and sha256 when
+    """The manifest, once every listed file exists with its size (and checksum when
     `checksums`); raises CheckpointCorrupt naming the first bad file otherwise."""
     manifest = read_manifest(directory)
     if ".metadata" not in manifest.files:
@@ -100,6 +142,8 @@ def verify(directory: Path, checksums: bool = True) -> Manifest:
             raise CheckpointCorrupt(
                 f"{path}: size {size} bytes, manifest says {entry.size_bytes} (truncated or altered)"
             )
-        if checksums and sha256_file(path) != entry.sha256:
-            raise CheckpointCorrupt(f"{path}: sha256 differs from the manifest (altered)")
+        if checksums and checksum_file(path, manifest.checksum_algorithm) != entry.checksum:
+            raise CheckpointCorrupt(
+                f"{path}: {manifest.checksum_algorithm} checksum differs from the manifest (altered)"
+            )
     return manifest

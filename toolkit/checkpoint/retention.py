@@ -8,6 +8,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from toolkit.checkpoint.priority import lower_this_thread
+
 log = logging.getLogger(__name__)
 
 
@@ -28,8 +30,9 @@ class Purger:
     """Deletes paths in a background thread fed by a queue; `close()` sends a sentinel and
     joins. A failed deletion is logged and skipped: it never reaches the training loop."""
 
-    def __init__(self, remove: Callable[[Path], None]):
+    def __init__(self, remove: Callable[[Path], None], priority: str = "normal"):
         self._remove = remove
+        self._priority = priority
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="checkpoint-purge", daemon=True)
         self._thread.start()
@@ -38,6 +41,7 @@ class Purger:
         self._queue.put(path)
 
     def _run(self) -> None:
+        lower_this_thread(self._priority)
         while True:
             item = self._queue.get()
             if item is _STOP:

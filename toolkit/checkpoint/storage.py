@@ -4,6 +4,9 @@
 faults (ENOSPC after N bytes, or a stall), used by tests through checkpoint.fault_* settings.
 DCP reads and writes go through `dcp_writer` / `dcp_reader`; the reader loads DCP's
 `.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code.
+The writer skips the zip CRC-32 that `torch.save` computes per tensor (it cost ~1 s of CPU
+per GB here; the manifest's checksums cover every file) and remembers the files it wrote,
+so that each rank checksums its own shards.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch.utils.serialization
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+
+from toolkit.checkpoint.priority import describe_this_thread, lower_this_thread
 
 
 class Storage(Protocol):
@@ -35,7 +42,7 @@ class Storage(Protocol):
 
     def rename(self, src: Path, dst: Path) -> None: ...
 
-    def dcp_writer(self, path: Path) -> FileSystemWriter: ...
+    def dcp_writer(self, path: Path) -> ShardWriter: ...
 
     def dcp_reader(self, path: Path) -> FileSystemReader: ...
 
@@ -71,8 +78,8 @@ class LocalStorage:
         finally:
             os.close(fd)
 
-    def dcp_writer(self, path: Path) -> FileSystemWriter:
-        writer = FileSystemWriter(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+    def dcp_writer(self, path: Path) -> ShardWriter:
+        writer = ShardWriter(path, single_file_per_rank=True, sync_files=True, overwrite=True)
         writer.fs = GuardedFileSystem()
         return writer
 
@@ -123,19 +130,52 @@ class _GuardedStream(io.RawIOBase):
         return self._inner.seek(offset, whence)
 
 
+class ShardWriter(FileSystemWriter):
+    """DCP's FileSystemWriter without torch.save's per-tensor CRC-32, whose background
+    thread (when `background_priority` is set) lowers its own scheduling priority."""
+
+    background_priority: str | None = None  # set for async saves: see toolkit.checkpoint.priority
+    thread_priority: str | None = None  # what the writing thread ran at (reported in events)
+
+    def set_up_storage_writer(self, *args: Any, **kwargs: Any) -> None:
+        if self.background_priority is not None:  # the first call in DCP's save thread
+            lower_this_thread(self.background_priority)
+        self.thread_priority = describe_this_thread()
+        super().set_up_storage_writer(*args, **kwargs)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Any:
+        # A process-wide setting, off only while this rank writes its shards (at most one
+        # save is in flight); a torch.save elsewhere meanwhile just omits the optional CRC.
+        config = torch.utils.serialization.config.save
+        saved, config.compute_crc32 = config.compute_crc32, False
+        try:
+            return super().write_data(plan, planner)
+        finally:
+            config.compute_crc32 = saved
+
+    @property
+    def written(self) -> list[Path]:
+        """Files this rank's writer created (its shards; rank 0 also `.metadata`)."""
+        return list(getattr(self.fs, "written", []))
+
+
 class GuardedFileSystem(FileSystem):
-    """DCP's file system layer, remembering the first write error (`error`), with optional
-    injected faults: a byte budget (then ENOSPC) and a stall before each file is opened."""
+    """DCP's file system layer, remembering the first write error (`error`) and the files
+    it created (`written`), with optional injected faults: a byte budget (then ENOSPC) and
+    a stall before each file is opened."""
 
     def __init__(self, budget_bytes: int | None = None, stall_s: float = 0.0):
         self.budget_bytes = budget_bytes
         self.stall_s = stall_s
         self.error: OSError | None = None
+        self.written: list[Path] = []
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
         if "w" in mode and self.stall_s > 0:
             time.sleep(self.stall_s)
+        if "w" in mode:
+            self.written.append(Path(path))
         with super().create_stream(path, mode) as stream:
             yield _GuardedStream(stream, self, Path(path)) if "w" in mode else stream
 
@@ -148,7 +188,7 @@ class FaultyStorage(LocalStorage):
         self.enospc_after_bytes = enospc_after_bytes
         self.stall_s = stall_s
 
-    def dcp_writer(self, path: Path) -> FileSystemWriter:
+    def dcp_writer(self, path: Path) -> ShardWriter:
         writer = super().dcp_writer(path)
         writer.fs = GuardedFileSystem(self.enospc_after_bytes, self.stall_s)
         return writer

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.config.errors import not_one_of
+
 
 @dataclass
 class CheckpointConfig:
@@ -17,11 +19,14 @@ class CheckpointConfig:
     keep_every: int = 0  # also keep every M-th step forever; 0: none
     resume: bool = True  # resume from the latest committed checkpoint in the run dir
     resume_from: str | None = None  # an explicit checkpoint directory (wins over resume)
-    verify: bool = True  # check every file's size and sha256 against the manifest before loading
+    verify: bool = True  # check every file's size and checksum against the manifest before loading
     on_corrupt: str = "fallback"  # fallback: warn and use the previous one | fail: stop
     on_save_error: str = "continue"  # continue: warn and train on | stop: stop cleanly
     max_restarts: int = 10  # Slurm requeues allowed (SLURM_RESTART_COUNT); then stop for good
     requeue: bool = True  # on Slurm, requeue the job after the preemption checkpoint
+    # Scheduling priority of the threads that write, checksum and delete checkpoints:
+    # idle (SCHED_IDLE: only CPU time training does not want) | low (nice 19) | normal.
+    writer_priority: str = "idle"
     # Fault injection for tests: the writer fails with ENOSPC once a rank has written this
     # many bytes of one checkpoint, or stalls for fault_stall_s at step fault_stall_step.
     fault_enospc_after_bytes: int | None = None
@@ -30,6 +35,7 @@ class CheckpointConfig:
 
     ON_CORRUPT = ("fallback", "fail")
     ON_SAVE_ERROR = ("continue", "stop")
+    WRITER_PRIORITY = ("idle", "low", "normal")  # = toolkit.checkpoint.priority.PRIORITIES
 
 
 def validate_checkpoint(cfg: CheckpointConfig) -> list[str]:
@@ -41,16 +47,15 @@ def validate_checkpoint(cfg: CheckpointConfig) -> list[str]:
         p.append(f"checkpoint.keep_last={cfg.keep_last}: must be >= 1 (the newest is always kept)")
     if cfg.keep_every < 0:
         p.append(f"checkpoint.keep_every={cfg.keep_every}: must be >= 0 (0: none kept forever)")
-    if cfg.on_corrupt not in CheckpointConfig.ON_CORRUPT:
-        p.append(
-            f"checkpoint.on_corrupt={cfg.on_corrupt}: unknown; allowed: "
-            + ", ".join(CheckpointConfig.ON_CORRUPT)
-        )
-    if cfg.on_save_error not in CheckpointConfig.ON_SAVE_ERROR:
-        p.append(
-            f"checkpoint.on_save_error={cfg.on_save_error}: unknown; allowed: "
-            + ", ".join(CheckpointConfig.ON_SAVE_ERROR)
-        )
+    p += not_one_of(
+        "checkpoint",
+        cfg,
+        {
+            "on_corrupt": CheckpointConfig.ON_CORRUPT,
+            "on_save_error": CheckpointConfig.ON_SAVE_ERROR,
+            "writer_priority": CheckpointConfig.WRITER_PRIORITY,
+        },
+    )
     if cfg.max_restarts < 0:
         p.append(f"checkpoint.max_restarts={cfg.max_restarts}: must be >= 0")
     if cfg.fault_enospc_after_bytes is not None and cfg.fault_enospc_after_bytes < 0:

@@ -19,3 +19,13 @@ def below_minimum(section: str, cfg: object, minimums: dict[str, int]) -> list[s
         for name, low in minimums.items()
         if getattr(cfg, name) < low
     ]
+
+
+def not_one_of(section: str, cfg: object, choices: dict[str, tuple[str, ...]]) -> list[str]:
+    """One line per field of `cfg` outside its choices: '<section>.<field>=<value>: unknown;
+    allowed: a, b'."""
+    return [
+        f"{section}.{name}={getattr(cfg, name)}: unknown; allowed: " + ", ".join(allowed)
+        for name, allowed in choices.items()
+        if getattr(cfg, name) not in allowed
+    ]
