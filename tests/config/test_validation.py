@@ -52,6 +52,24 @@ def test_all_problems_are_reported_at_once() -> None:
     assert "data.seq_len=4096" in text and "optim.lr=-1" in text and "model.dim=192" in text
 
 
+BELOW_MINIMUM = [
+    ("cluster.signal_lead_s=-5", "cluster.signal_lead_s=-5: must be >= 0"),
+    ("data.seq_len=1", "data.seq_len=1: must be >= 2"),
+    ("trainer.steps=0", "trainer.steps=0: must be >= 1"),
+    ("trainer.grad_accum=0", "trainer.grad_accum=0: must be >= 1"),
+    ("trainer.micro_batch_size=0", "trainer.micro_batch_size=0: must be >= 1"),
+    ("optim.warmup_steps=-1", "optim.warmup_steps=-1: must be >= 0"),
+    ("collectives.baseline_repeats=0", "collectives.baseline_repeats=0: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BELOW_MINIMUM, ids=[o for o, _ in BELOW_MINIMUM])
+def test_a_value_below_its_minimum_is_one_line_naming_the_minimum(override, message) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(job(override))
+    assert err.value.problems == [message]
+
+
 def test_global_batch_decides_the_micro_batch() -> None:
     j = job("trainer.global_batch_size=16", "trainer.grad_accum=2", "cluster.tasks_per_node=2")
     validate(j)

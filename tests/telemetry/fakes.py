@@ -49,10 +49,18 @@ class FakeNvml:
     NVML_GPM_METRICS_GET_VERSION = 1
     c_nvmlGpmMetricsGet_t = _GpmRequest
 
-    def __init__(self, count: int = 2, fail_init: bool = False, gpm: bool = True):
+    def __init__(
+        self,
+        count: int = 2,
+        fail_init: bool = False,
+        gpm: bool = True,
+        pcie_byte_counters: bool = True,
+    ):
         self.count = count
         self.fail_init = fail_init
         self.gpm = gpm
+        # False: a driver without the PCIe byte fields, only nvmlDeviceGetPcieThroughput.
+        self.pcie_byte_counters = pcie_byte_counters
         self.reads: dict[int, int] = {}  # per GPU: energy reads so far (one per sample)
         self.pending_xids: list[tuple[int, int]] = []
         self.shut_down = False
@@ -134,13 +142,15 @@ class FakeNvml:
             82: lambda: _field(71 + h),  # memory temperature
             138: lambda: _field(150e9 / 1024 * n) if h == 0 else _field(0, ret=3),
             139: lambda: _field(148e9 / 1024 * n) if h == 0 else _field(0, ret=3),
-            197: lambda: _field(3e9 * n),
-            198: lambda: _field(1.5e9 * n),
+            197: lambda: _field(3e9 * n) if self.pcie_byte_counters else _field(0, ret=3),
+            198: lambda: _field(1.5e9 * n) if self.pcie_byte_counters else _field(0, ret=3),
         }
         return [values[f[0] if isinstance(f, tuple) else f]() for f in fields]
 
     def nvmlDeviceGetPcieThroughput(self, h: int, counter: int) -> int:
-        raise NVMLError_NotSupported("Not Supported")
+        if self.pcie_byte_counters:
+            raise NVMLError_NotSupported("Not Supported")
+        return {0: 2_929_688, 1: 1_464_844}[counter]  # KB/s: 3 and 1.5 GB/s
 
     # -- GPM
     def nvmlGpmQueryDeviceSupport(self, h: int) -> SimpleNamespace:

@@ -31,3 +31,13 @@ def test_bad_values_are_reported_together_each_on_one_line():
 
 def test_interval_down_to_a_tenth_of_a_second_is_allowed():
     assert TelemetryConfig(interval_s=0.1).interval_s == 0.1
+
+
+def test_values_below_their_minimum_are_named_with_the_minimum():
+    with pytest.raises(ConfigError) as info:
+        TelemetryConfig(chunk_rows=8, max_pending=-1, close_timeout_s=-0.5)
+    assert info.value.problems == [
+        "telemetry.chunk_rows=8: must be >= 16",
+        "telemetry.max_pending=-1: must be >= 0",
+        "telemetry.close_timeout_s=-0.5: must be >= 0",
+    ]

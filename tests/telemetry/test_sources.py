@@ -10,6 +10,7 @@ from toolkit.telemetry.sources import Rate
 from toolkit.telemetry.sources.host import HostSource
 from toolkit.telemetry.sources.infiniband import InfinibandSource
 from toolkit.telemetry.sources.nvml import NvmlSource
+from toolkit.telemetry.sources.nvml_extras import XID_DRAIN_MAX
 
 
 def test_rate_is_nan_first_and_after_a_counter_reset():
@@ -68,6 +69,25 @@ def test_nvml_xid_errors_become_node_events():
     events = source.events(5.0)
     assert events == [{"name": "xid", "start": 5.0, "end": 5.0, "attrs": {"gpu": 1, "xid": 79}}]
     assert source.events(6.0) == []
+
+
+def test_an_xid_flood_is_drained_a_bounded_batch_per_call():
+    fake = FakeNvml(count=1)
+    source = NvmlSource(fake)
+    fake.pending_xids = [(0, 13)] * (XID_DRAIN_MAX + 6)
+    assert len(source.events(1.0)) == XID_DRAIN_MAX  # the sampler is not held up
+    assert len(source.events(2.0)) == 6
+
+
+def test_without_pcie_byte_counters_pcie_throughput_is_read_at_intervals_of_a_second():
+    fake = FakeNvml(count=1, pcie_byte_counters=False)
+    source = NvmlSource(fake, interval_s=1.0)
+    (spec,) = source.specs()
+    assert any(u.startswith("pcie_tx_bytes (field 197") for u in spec.attrs["unsupported"])
+    assert source.sample(1.0)["gpu/0"]["pcie_tx_bytes_per_s"] == pytest.approx(3e9, rel=1e-6)
+    # The fallback call samples for 20 ms: too slow to make ten times a second.
+    (fast,) = NvmlSource(fake, interval_s=0.1).specs()
+    assert "pcie_tx_bytes_per_s" not in [c.name for c in fast.columns]
 
 
 def test_nvml_absent_says_why():

@@ -53,7 +53,9 @@ def collectives_problems(cfg: CollectivesConfig, world_size: int) -> list[str]:
             f"{', '.join(CollectivesConfig.OPS)}"
         )
     p += below_minimum(
-        "collectives", cfg, {"min_bytes": 1, "step_factor": 2, "warmup_iters": 0, "iters": 1}
+        "collectives",
+        cfg,
+        {"min_bytes": 1, "step_factor": 2, "warmup_iters": 0, "iters": 1, "baseline_repeats": 1},
     )
     if cfg.max_bytes is not None and cfg.max_bytes < cfg.min_bytes:
         p.append(
@@ -76,6 +78,4 @@ def collectives_problems(cfg: CollectivesConfig, world_size: int) -> list[str]:
         )
     if cfg.expected_busbw_gbps is not None and cfg.expected_busbw_gbps <= 0:
         p.append(f"collectives.expected_busbw_gbps={cfg.expected_busbw_gbps}: must be > 0 or null")
-    if cfg.baseline_repeats < 1:
-        p.append(f"collectives.baseline_repeats={cfg.baseline_repeats}: must be >= 1")
     return p

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from toolkit.config.errors import ConfigError
+from toolkit.config.errors import ConfigError, below_minimum
 
 COMPRESSIONS = ("gzip", "lzf", "none")
 STRAGGLER_METRICS = ("step_time_s", "forward_backward_s", "optimizer_s", "data_wait_s")
@@ -50,12 +50,9 @@ class TelemetryConfig:
             )
         if not 0 <= self.compression_level <= 9:
             p.append(f"telemetry.compression_level={self.compression_level}: must be in 0..9")
-        if self.chunk_rows < 16:
-            p.append(f"telemetry.chunk_rows={self.chunk_rows}: must be >= 16")
-        if self.max_pending < 0:
-            p.append(f"telemetry.max_pending={self.max_pending}: must be >= 0")
-        if self.close_timeout_s < 0:
-            p.append(f"telemetry.close_timeout_s={self.close_timeout_s}: must be >= 0 seconds")
+        p += below_minimum(
+            "telemetry", self, {"chunk_rows": 16, "max_pending": 0, "close_timeout_s": 0}
+        )
         _check(p)
 
 

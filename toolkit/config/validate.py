@@ -65,13 +65,13 @@ def _cluster(c: ClusterConfig) -> list[str]:
         p.append(
             f"cluster.tasks_per_node={c.tasks_per_node}: must be >= 1 (or null for one per GPU)"
         )
-    p += below_minimum("cluster", c, {"nodes": 1, "gpus_per_node": 0, "array_parallelism": 1})
+    p += below_minimum(
+        "cluster", c, {"nodes": 1, "gpus_per_node": 0, "array_parallelism": 1, "signal_lead_s": 0}
+    )
     if c.kind == "local" and c.nodes != 1:
         p.append(
             f"cluster.nodes={c.nodes}: cluster=local runs on this machine only; use 1, or cluster=slurm"
         )
-    if c.signal_lead_s < 0:
-        p.append(f"cluster.signal_lead_s={c.signal_lead_s}: must be >= 0 seconds")
     if c.kind == "slurm":
         p += slurm_problems(c)
     return p
@@ -93,8 +93,7 @@ def _model(m: ModelConfig, d: DataConfig) -> list[str]:
             f"data.seq_len={d.seq_len}: above the model's maximum sequence length "
             f"(model.max_seq_len={m.max_seq_len}); use data.seq_len<={m.max_seq_len}"
         )
-    if d.seq_len < 2:
-        p.append(f"data.seq_len={d.seq_len}: must be >= 2")
+    p += below_minimum("data", d, {"seq_len": 2})
     if d.kind not in DataConfig.KINDS:
         p.append(f"data.kind={d.kind}: unknown; allowed: {', '.join(DataConfig.KINDS)}")
     if m.kind == "gpt" and d.kind == "returns":
@@ -120,11 +119,8 @@ def _precision(pr: PrecisionConfig) -> list[str]:
 
 def _batch(job: JobConfig, world: int) -> list[str]:
     t = job.trainer
-    p = []
-    if t.steps < 1:
-        p.append(f"trainer.steps={t.steps}: must be >= 1")
+    p = below_minimum("trainer", t, {"steps": 1, "grad_accum": 1})
     if t.grad_accum < 1:
-        p.append(f"trainer.grad_accum={t.grad_accum}: must be >= 1")
         return p
     if t.global_batch_size is not None:
         unit = world * t.grad_accum
@@ -133,16 +129,15 @@ def _batch(job: JobConfig, world: int) -> list[str]:
                 f"trainer.global_batch_size={t.global_batch_size}: must be a positive multiple of "
                 f"world size x grad_accum = {world} x {t.grad_accum} = {unit}"
             )
-    elif t.micro_batch_size < 1:
-        p.append(f"trainer.micro_batch_size={t.micro_batch_size}: must be >= 1")
+    else:
+        p += below_minimum("trainer", t, {"micro_batch_size": 1})
     par = job.parallel
     if par.replicate < 1 or world % par.replicate:
         p.append(
             f"parallel.replicate={par.replicate}: must divide the world size {world} "
             "(HSDP shards within world/replicate ranks)"
         )
-    if job.optim.warmup_steps < 0:
-        p.append(f"optim.warmup_steps={job.optim.warmup_steps}: must be >= 0")
+    p += below_minimum("optim", job.optim, {"warmup_steps": 0})
     if job.optim.lr <= 0:
         p.append(f"optim.lr={job.optim.lr}: must be > 0")
     return p

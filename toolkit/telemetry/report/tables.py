@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -30,78 +33,67 @@ def when(t: float) -> str:
     return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%H:%M:%S")
 
 
-NODE_HEADER = [
-    "node",
-    "attempts",
-    "ranks",
-    "GPUs",
-    "median step ms",
-    "p99 step ms",
-    "tokens/s",
-    "MFU %",
-    "data wait %",
-    "GPU util %",
-    "power W",
-    "throttle s",
-    "IB xmit GB/s",
-    "straggler score",
+def gigabytes(x: Any) -> str:
+    return num(x / 1e9 if _ok(x) else None, ".2f")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the node or rank table: its header, the row key it shows, and how."""
+
+    header: str
+    key: str
+    fmt: Callable[[Any], str] = str
+
+    def cell(self, row: dict[str, Any]) -> str:
+        return self.fmt(row[self.key])
+
+
+# The columns both tables show, each formatter written once.
+NODE_COLUMN = Column("node", "node")
+PERFORMANCE_COLUMNS = [
+    Column("median step ms", "median_step_s", ms),
+    Column("p99 step ms", "p99_step_s", ms),
+    Column("tokens/s", "median_tokens_per_s", num),
+    Column("MFU %", "median_mfu", pct),
+    Column("data wait %", "data_wait_share", pct),
+    Column("GPU util %", "gpu_util_pct", partial(pct, scale=1.0)),
+    Column("power W", "power_w", num),
+    Column("throttle s", "throttle_s", partial(num, fmt=",.1f")),
 ]
-RANK_HEADER = [
-    "node",
-    "rank",
-    "steps",
-    "median step ms",
-    "p99 step ms",
-    "tokens/s",
-    "MFU %",
-    "data wait %",
-    "GPU util %",
-    "power W",
-    "throttle s",
-    "straggler score",
+# Last in both tables: print_report sorts the rank rows by it.
+STRAGGLER_COLUMN = Column("straggler score", "straggler_score", partial(num, fmt="+.3f"))
+
+NODE_COLUMNS = [
+    NODE_COLUMN,
+    Column("attempts", "attempts", lambda attempts: ",".join(map(str, attempts))),
+    Column("ranks", "ranks"),
+    Column("GPUs", "gpus"),
+    *PERFORMANCE_COLUMNS,
+    Column("IB xmit GB/s", "ib_xmit_bytes_per_s", gigabytes),
+    STRAGGLER_COLUMN,
 ]
+RANK_COLUMNS = [
+    NODE_COLUMN,
+    Column("rank", "rank"),
+    Column("steps", "steps"),
+    *PERFORMANCE_COLUMNS,
+    STRAGGLER_COLUMN,
+]
+NODE_HEADER = [c.header for c in NODE_COLUMNS]
+RANK_HEADER = [c.header for c in RANK_COLUMNS]
+
+
+def table_rows(columns: list[Column], rows: list[dict[str, Any]]) -> list[list[str]]:
+    return [[c.cell(row) for c in columns] for row in rows]
 
 
 def node_rows(report: Report) -> list[list[str]]:
-    return [
-        [
-            r["node"],
-            ",".join(map(str, r["attempts"])),
-            str(r["ranks"]),
-            str(r["gpus"]),
-            ms(r["median_step_s"]),
-            ms(r["p99_step_s"]),
-            num(r["median_tokens_per_s"]),
-            pct(r["median_mfu"]),
-            pct(r["data_wait_share"]),
-            pct(r["gpu_util_pct"], 1.0),
-            num(r["power_w"]),
-            num(r["throttle_s"], ",.1f"),
-            num(r["ib_xmit_bytes_per_s"] / 1e9 if _ok(r["ib_xmit_bytes_per_s"]) else None, ".2f"),
-            num(r["straggler_score"], "+.3f"),
-        ]
-        for r in report.nodes
-    ]
+    return table_rows(NODE_COLUMNS, report.nodes)
 
 
 def rank_rows(report: Report) -> list[list[str]]:
-    return [
-        [
-            r["node"],
-            str(r["rank"]),
-            str(r["steps"]),
-            ms(r["median_step_s"]),
-            ms(r["p99_step_s"]),
-            num(r["median_tokens_per_s"]),
-            pct(r["median_mfu"]),
-            pct(r["data_wait_share"]),
-            pct(r["gpu_util_pct"], 1.0),
-            num(r["power_w"]),
-            num(r["throttle_s"], ",.1f"),
-            num(r["straggler_score"], "+.3f"),
-        ]
-        for r in report.ranks
-    ]
+    return table_rows(RANK_COLUMNS, report.ranks)
 
 
 STRAGGLER_HEADER = ["kind", "who", "score", "steps above margin", "metric"]

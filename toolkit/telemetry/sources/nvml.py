@@ -4,7 +4,8 @@ The source takes the NVML module as an argument so that tests can hand it an obj
 answers the same calls with recorded values. Each metric is probed once at start: one that
 the GPU or driver does not offer (NVMLError) is left out of that GPU's table and listed in
 the group's `unsupported` attribute. Slow-changing counters (ECC, retired pages, remapped
-rows) are read at most every SLOW_EVERY_S and repeated in between.
+rows) are read at most every SLOW_EVERY_S and repeated in between. Field-value counters,
+GPM metrics and XID events are read by `toolkit.telemetry.sources.nvml_extras`.
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from toolkit.telemetry.schema import TIME, XID, Column, TableSpec
-from toolkit.telemetry.sources import Rate
+from toolkit.telemetry.schema import TIME, Column, TableSpec
+from toolkit.telemetry.sources.nvml_extras import (
+    GPM_METRICS,
+    FieldCounters,
+    GpmMetrics,
+    drain_xid,
+    register_xid,
+)
 
 log = logging.getLogger(__name__)
 
 SLOW_EVERY_S = 10.0
-ALL_LINKS = 0xFFFFFFFF  # NVML field scope: aggregate over NVLink links
 
 # nvmlClocksEventReasons bits (named as in nvml.h).
 CLOCK_EVENT_BITS = {
@@ -35,30 +41,6 @@ CLOCK_EVENT_BITS = {
     0x100: "display_clock_setting",
 }
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # reasons that cost speed under load
-
-# Field ids (nvml.h) read with one nvmlDeviceGetFieldValues call per GPU.
-FI_MEMORY_TEMP = 82
-FI_NVLINK_THROUGHPUT_DATA_TX = 138  # KiB, cumulative
-FI_NVLINK_THROUGHPUT_DATA_RX = 139
-FI_PCIE_COUNT_TX_BYTES = 197  # bytes, cumulative
-FI_PCIE_COUNT_RX_BYTES = 198
-
-# GPM metric ids (Hopper+).
-GPM_METRICS = {
-    "gpm_sm_activity_pct": 2,  # NVML_GPM_METRIC_SM_UTIL
-    "gpm_sm_occupancy_pct": 3,  # NVML_GPM_METRIC_SM_OCCUPANCY
-    "gpm_tensor_activity_pct": 5,  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
-    "gpm_dram_bw_util_pct": 10,  # NVML_GPM_METRIC_DRAM_BW_UTIL
-}
-
-FIELDS = {
-    "temperature_memory_c": (FI_MEMORY_TEMP, 0),
-    "nvlink_tx_bytes": (FI_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
-    "nvlink_rx_bytes": (FI_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
-    "pcie_tx_bytes": (FI_PCIE_COUNT_TX_BYTES, 0),
-    "pcie_rx_bytes": (FI_PCIE_COUNT_RX_BYTES, 0),
-}
-FIELD_SCALE = {"nvlink_tx_bytes": 1024.0, "nvlink_rx_bytes": 1024.0}
 
 # column -> units, dtype; the order is the order in the file.
 COLUMNS: list[Column] = [
@@ -101,17 +83,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _field_value(fv: Any) -> float:
-    """The number in an nvmlFieldValue_t, by its valueType."""
-    kind = int(fv.valueType)
-    v = fv.value
-    return float(
-        {0: v.dVal, 1: v.uiVal, 2: v.ulVal, 3: v.ullVal, 4: v.sllVal, 5: v.siVal}.get(
-            kind, v.ullVal
-        )
-    )
-
-
 class _Gpu:
     """One device: which metrics it offers, and how to read them."""
 
@@ -119,16 +90,13 @@ class _Gpu:
         self.nvml = nvml
         self.index = index
         self.handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        self.rate = Rate()
         self.slow_values: dict[str, Any] = {}
         self.slow_at = 0.0
-        self.fields: dict[str, tuple[int, int]] = {}
-        self.gpm_sample: Any = None
-        self.use_pcie_throughput = False
-        self.interval_s = interval_s
         self.readers = self._readers()
         self.unsupported: list[str] = []
-        self._probe(use_gpm)
+        self._probe()
+        self.counters = FieldCounters(nvml, self.handle, index, interval_s)
+        self.gpm = GpmMetrics(nvml, self.handle, index, use_gpm)
 
     def _readers(self) -> dict[str, Callable[[], dict[str, Any]]]:
         n, h = self.nvml, self.handle
@@ -184,54 +152,20 @@ class _Gpu:
             "remapped_rows": remapped,
         }
 
-    def _probe(self, use_gpm: bool) -> None:
+    def _probe(self) -> None:
         for name, read in list(self.readers.items()):
             try:
                 read()
             except Exception as exc:  # noqa: BLE001 - NVMLError_NotSupported and friends
                 self.unsupported.append(f"{name} ({type(exc).__name__})")
                 del self.readers[name]
-        for name, fid in FIELDS.items():
-            try:
-                (fv,) = self.nvml.nvmlDeviceGetFieldValues(self.handle, [fid])
-                if int(fv.nvmlReturn) == 0:
-                    self.fields[name] = fid
-                    continue
-                self.unsupported.append(f"{name} (field {fid[0]}: return {int(fv.nvmlReturn)})")
-            except Exception as exc:  # noqa: BLE001
-                self.unsupported.append(f"{name} ({type(exc).__name__})")
-        if "pcie_tx_bytes" not in self.fields and self.interval_s >= 1.0:
-            # Older drivers: nvmlDeviceGetPcieThroughput (KB/s over a 20 ms window, slow).
-            with contextlib.suppress(Exception):  # best effort
-                self.nvml.nvmlDeviceGetPcieThroughput(self.handle, 0)
-                self.use_pcie_throughput = True
-        if use_gpm:
-            try:
-                support = self.nvml.nvmlGpmQueryDeviceSupport(self.handle)
-                if support.isSupportedDevice:
-                    self.gpm_sample = self.nvml.nvmlGpmSampleAlloc()
-                    self.nvml.nvmlGpmSampleGet(self.handle, self.gpm_sample)
-                else:
-                    self.unsupported.append("gpm (device not supported)")
-            except Exception as exc:  # noqa: BLE001
-                self.unsupported.append(f"gpm ({type(exc).__name__})")
-        else:
-            self.unsupported.append("gpm (telemetry.gpm=false)")
 
     def columns(self) -> list[Column]:
         offered = set()
         for read in self.readers.values():
             with contextlib.suppress(Exception):  # best effort
                 offered |= set(read())
-        for name in self.fields:
-            if name.endswith("_bytes"):
-                offered.add(name + "_per_s")
-            else:
-                offered.add(name)
-        if self.use_pcie_throughput:
-            offered |= {"pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s"}
-        if self.gpm_sample is not None:
-            offered |= set(GPM_METRICS)
+        offered |= self.counters.columns() | self.gpm.columns()
         return [TIME] + [c for c in COLUMNS if c.name in offered]
 
     def static_attrs(self) -> dict[str, Any]:
@@ -245,7 +179,7 @@ class _Gpu:
         ):
             with contextlib.suppress(Exception):  # best effort
                 attrs[key] = call()
-        attrs["unsupported"] = self.unsupported
+        attrs["unsupported"] = self.unsupported + self.counters.unsupported + self.gpm.unsupported
         return attrs
 
     def sample(self, now: float) -> dict[str, Any]:
@@ -265,58 +199,9 @@ class _Gpu:
                 self.slow_values.update(values)
         if slow_due:
             self.slow_at = now
-        if self.fields:
-            ids = list(self.fields.values())
-            try:
-                values = self.nvml.nvmlDeviceGetFieldValues(self.handle, ids)
-                for (name, _fid), fv in zip(self.fields.items(), values, strict=True):
-                    if int(fv.nvmlReturn) != 0:
-                        continue
-                    value = _field_value(fv) * FIELD_SCALE.get(name, 1.0)
-                    if name.endswith("_bytes"):
-                        row[name + "_per_s"] = self.rate(name, now, value)
-                    else:
-                        row[name] = value
-            except Exception as exc:  # noqa: BLE001
-                log.debug("nvml field values on gpu %d: %s", self.index, exc)
-        if self.use_pcie_throughput:
-            with contextlib.suppress(Exception):  # best effort
-                row["pcie_tx_bytes_per_s"] = 1024.0 * self.nvml.nvmlDeviceGetPcieThroughput(
-                    self.handle, 0
-                )
-                row["pcie_rx_bytes_per_s"] = 1024.0 * self.nvml.nvmlDeviceGetPcieThroughput(
-                    self.handle, 1
-                )
-        if self.gpm_sample is not None:
-            row.update(self._gpm())
+        row.update(self.counters.sample(now))
+        row.update(self.gpm.sample())
         return row
-
-    def _gpm(self) -> dict[str, float]:
-        """GPM metrics over the interval since the previous sample (two samples needed)."""
-        n = self.nvml
-        try:
-            current = n.nvmlGpmSampleAlloc()
-            n.nvmlGpmSampleGet(self.handle, current)
-            request = n.c_nvmlGpmMetricsGet_t()
-            request.version = n.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(GPM_METRICS)
-            request.sample1 = self.gpm_sample
-            request.sample2 = current
-            for i, metric_id in enumerate(GPM_METRICS.values()):
-                request.metrics[i].metricId = metric_id
-            n.nvmlGpmMetricsGet(request)
-        except Exception as exc:  # noqa: BLE001
-            log.debug("nvml gpm on gpu %d: %s", self.index, exc)
-            return {}
-        with contextlib.suppress(Exception):  # best effort
-            n.nvmlGpmSampleFree(self.gpm_sample)
-        self.gpm_sample = current
-        out = {}
-        for i, name in enumerate(GPM_METRICS):
-            metric = request.metrics[i]
-            if int(metric.nvmlReturn) == 0:
-                out[name] = float(metric.value)
-        return out
 
 
 def _bits_doc() -> str:
@@ -369,12 +254,8 @@ class NvmlSource:
         return attrs
 
     def _register_xid(self) -> Any:
-        n = self.nvml
         try:
-            event_set = n.nvmlEventSetCreate()
-            for gpu in self.gpus:
-                n.nvmlDeviceRegisterEvents(gpu.handle, n.nvmlEventTypeXidCriticalError, event_set)
-            return event_set
+            return register_xid(self.nvml, [gpu.handle for gpu in self.gpus])
         except Exception as exc:  # noqa: BLE001 - not offered (e.g. some containers)
             self.attrs["xid_events"] = f"not recorded: {type(exc).__name__}"
             return None
@@ -389,25 +270,7 @@ class NvmlSource:
         """XID errors since the last call (non-blocking wait on the NVML event set)."""
         if self._events is None:
             return []
-        out = []
-        for _ in range(64):  # bounded drain
-            try:
-                data = self.nvml.nvmlEventSetWait(self._events, 0)
-            except Exception:  # noqa: BLE001 - NVMLError_Timeout: nothing pending
-                break
-            try:
-                gpu = int(self.nvml.nvmlDeviceGetIndex(data.device))
-            except Exception:  # noqa: BLE001
-                gpu = -1
-            out.append(
-                {
-                    "name": XID,
-                    "start": now,
-                    "end": now,
-                    "attrs": {"gpu": gpu, "xid": int(data.eventData)},
-                }
-            )
-        return out
+        return drain_xid(self.nvml, self._events, now)
 
     def close(self) -> None:
         if self.absent_reason is not None:
