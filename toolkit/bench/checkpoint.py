@@ -10,7 +10,10 @@ checkpoint; an async save (`Checkpointer.save`, the training hook's code path) a
 first step, once per writer priority (`--priorities`); a blocking `dcp.save` (the baseline,
 `sync_dcp_save`) after the first step. An async window ends when its save has committed,
 so a save still running after the last step counts as lost time.
-Lost time per checkpoint = median(window with it) - median(window without it).
+Lost time per checkpoint = median over trials of (window with it - window without it, in
+the same trial). Baselines in the same rotation: `BackgroundRawWrite` (copy + a plain
+write of the same bytes in a thread: the least any async checkpoint can cost) and
+`sync_dcp_save`.
 Raw write: each rank writes its shard's bytes with plain file writes + fsync (baseline code
 below, `raw_write`), concurrently, on the same disk, in the same run.
 """
@@ -61,6 +64,54 @@ def raw_write(tensors: list[Any], path: Path) -> tuple[int, float]:
     return size, time.perf_counter() - t0
 
 
+class BackgroundRawWrite:
+    """Baseline for the lost time: the least an async checkpoint can do. Copy this rank's
+    tensors into one CPU buffer on the training thread, then write it with plain file
+    writes + fsync in a thread (no DCP, no checksums, no manifest)."""
+
+    def __init__(self, tensors: list[Any], path: Path):
+        import threading
+
+        import torch
+
+        t0 = time.perf_counter()
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        self.buffer = torch.empty(total, dtype=torch.uint8)
+        offset = 0
+        for t in tensors:
+            n = t.numel() * t.element_size()
+            self.buffer[offset : offset + n].copy_(t.detach().reshape(-1).view(torch.uint8))
+            offset += n
+        self.staging_s = time.perf_counter() - t0
+        self.path = path
+        self.thread = threading.Thread(target=self._write, daemon=True)
+        self.thread.start()
+
+    def _write(self) -> None:
+        t0 = time.perf_counter()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "wb") as f:
+            f.write(memoryview(self.buffer.numpy()))
+            f.flush()
+            os.fsync(f.fileno())
+        self.write_s = time.perf_counter() - t0
+
+    def wait(self) -> None:
+        self.thread.join()
+
+
+def cpu_seconds() -> dict[str, float]:
+    """Machine-wide CPU time by kind since boot (/proc/stat), and this process's own."""
+    fields = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    hz = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        values = f.readline().split()[1 : 1 + len(fields)]
+    out = {k: int(v) / hz for k, v in zip(fields, values, strict=True)}
+    own = os.times()
+    out["this_process"] = own.user + own.system
+    return out
+
+
 # -- stall: one process per rank ---------------------------------------------------------
 def _local_tensors(state: dict[str, Any]) -> list[Any]:
     import torch
@@ -81,6 +132,24 @@ def _local_tensors(state: dict[str, Any]) -> list[Any]:
     return out
 
 
+class _WaitStaged:
+    def __init__(self, ckpts: list[Any]):
+        self.ckpts = ckpts
+
+    def on_start(self, trainer: Any) -> None:
+        pass
+
+    def before_optimizer_step(self, trainer: Any) -> None:
+        for c in self.ckpts:
+            c.wait_staged()
+
+    def after_step(self, trainer: Any, record: Any) -> bool:
+        return False
+
+    def on_end(self, trainer: Any) -> None:
+        pass
+
+
 def stall_worker(
     rank: int,
     world: int,
@@ -89,7 +158,7 @@ def stall_worker(
     out_dir: str,
     trials: int,
     steps: int,
-    priorities: list[str],
+    variants: list[str],
 ) -> None:
     os.environ.update(
         RANK=str(rank),
@@ -112,17 +181,18 @@ def stall_worker(
     device = init_distributed(env, 1800)
     root = Path(out_dir)
     trainer = build_trainer(job, env, root / "run", device)
-    ckpts = {
-        f"async-{p}": Checkpointer(
-            replace(job.checkpoint, writer_priority=p),
-            root / f"ckpt-{p}",
-            LocalStorage(),
-            {},
-            "bench",
-            device,
+    ckpts = {}
+    for variant in variants:  # "<writer priority>:<overlap|copy>"
+        priority, staging = variant.split(":")
+        cfg = replace(
+            job.checkpoint, writer_priority=priority, overlap_staging=staging == "overlap"
         )
-        for p in priorities
-    }
+        ckpts[f"async-{priority}-{staging}"] = Checkpointer(
+            cfg, root / f"ckpt-{priority}-{staging}", LocalStorage(), {}, "bench", device
+        )
+    # What the checkpoint hook does in the loop: an overlapped copy finishes before the
+    # optimizer step changes the state.
+    trainer.hooks.append(_WaitStaged(list(ckpts.values())))
     pg = next(iter(ckpts.values())).pg
 
     def step() -> None:
@@ -132,18 +202,27 @@ def stall_worker(
 
     for _ in range(2):  # warm-up: allocation, optimizer state
         step()
-    modes = ["none", *ckpts, "sync"]
+    modes = ["none", "raw-bg", *ckpts, "sync"]
     times: dict[str, list[float]] = {m: [] for m in modes}
+    cpu: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    raw_bg: list[dict[str, float]] = []
     saves: dict[str, list[dict[str, Any]]] = {m: [] for m in ckpts}
     sync_s: list[float] = []
     for trial in range(trials):
         order = modes[trial % len(modes) :] + modes[: trial % len(modes)]
         for mode in order:
             dist.barrier()
+            cpu0 = cpu_seconds()
             t0 = time.perf_counter()
+            background = None
             for i in range(steps):
                 step()
-                if i == 0 and mode in ckpts:
+                if i == 0 and mode == "raw-bg":
+                    m, o = get_state_dict(trainer.model, trainer.optimizer)
+                    background = BackgroundRawWrite(
+                        _local_tensors({"model": m, "optim": o}), root / "raw-bg" / f"{rank}.bin"
+                    )
+                elif i == 0 and mode in ckpts:
                     ckpts[mode].save(
                         trainer.state.step,
                         trainer.model,
@@ -158,8 +237,13 @@ def stall_worker(
             steps_end = time.time()
             if mode in ckpts:  # a save still running after the last step counts as lost
                 finished = ckpts[mode].wait()
+            if background is not None:
+                background.wait()
+                raw_bg.append({"staging_s": background.staging_s, "write_s": background.write_s})
             dist.barrier()
             times[mode].append(time.perf_counter() - t0)
+            cpu1 = cpu_seconds()
+            cpu[mode].append({k: cpu1[k] - cpu0[k] for k in cpu0})
             if rank == 0:
                 print(f"trial {trial} {mode}: {times[mode][-1]:.2f} s", file=sys.stderr, flush=True)
             if mode in ckpts:
@@ -180,7 +264,7 @@ def stall_worker(
                     )
             dist.barrier()
             if rank == 0:
-                for p in list(root.glob("ckpt-*/step-*")) + list(root.glob("sync-*")):
+                for p in [*root.glob("ckpt-*/step-*"), *root.glob("sync-*"), root / "raw-bg"]:
                     shutil.rmtree(p, ignore_errors=True)
             dist.barrier()
     m, o = get_state_dict(trainer.model, trainer.optimizer)
@@ -203,6 +287,8 @@ def stall_worker(
             "window_s": times,
             "async_saves": saves,
             "sync_save_s": sync_s,
+            "raw_background": raw_bg,
+            "cpu_s": cpu,
             "checkpoint_bytes": next(s["size_bytes"] for v in saves.values() for s in v),
             "raw_write": {"bytes": total_raw, "seconds": slowest_raw},
         }
@@ -216,6 +302,12 @@ def stall_worker(
 
 def summarize_stall(r: dict[str, Any]) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in r["window_s"].items()}
+    # Lost time: the median over trials of (window with it - window without it) within the
+    # same trial, which cancels the machine's drift between trials.
+    paired = {
+        k: statistics.median(a - b for a, b in zip(v, r["window_s"]["none"], strict=True))
+        for k, v in r["window_s"].items()
+    }
     size = r["checkpoint_bytes"]
     sync = statistics.median(r["sync_save_s"])
     out: dict[str, Any] = {
@@ -223,16 +315,25 @@ def summarize_stall(r: dict[str, Any]) -> dict[str, Any]:
         "median_window_s": med,
         "sync_dcp_save_s": sync,
         "sync_save_GBps": size / 1e9 / sync,
-        "lost_sync_s": med["sync"] - med["none"],
+        "lost_sync_s": paired["sync"],
         "raw_write_GBps": r["raw_write"]["bytes"] / 1e9 / r["raw_write"]["seconds"],
+        "lost_raw_background_s": paired["raw-bg"],
+        "raw_background_staging_s": statistics.median(x["staging_s"] for x in r["raw_background"]),
+        "raw_background_write_s": statistics.median(x["write_s"] for x in r["raw_background"]),
+        # median CPU seconds per window by kind (machine-wide; this_process = rank 0)
+        "median_cpu_s": {
+            mode: {k: statistics.median(w[k] for w in windows) for k in windows[0]}
+            for mode, windows in r["cpu_s"].items()
+        },
     }
     for mode, saves in r["async_saves"].items():
-        lost = med[mode] - med["none"]
+        lost = paired[mode]
         write = statistics.median(s["write_s"] for s in saves)
         out[mode] = {
             "lost_s": lost,
             "lost_over_sync_save": lost / sync,
             "lost_over_lost_sync": lost / out["lost_sync_s"],
+            "lost_over_lost_raw_background": lost / out["lost_raw_background_s"],
             "blocked_s": statistics.median(s["stall_s"] for s in saves),
             "blocked_over_sync_save": statistics.median(s["stall_s"] for s in saves) / sync,
             "background_write_s": write,
@@ -271,7 +372,7 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
                 str(out_dir),
                 args.trials,
                 args.steps,
-                args.priorities.split(","),
+                args.variants.split(","),
             ),
             nprocs=args.ranks,
         )
@@ -364,9 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--seq-len", type=int, default=64)
     s.add_argument("--global-batch", type=int, default=4)
     s.add_argument(
-        "--priorities",
-        default="idle,normal",
-        help="checkpoint.writer_priority values, each an async mode of its own",
+        "--variants",
+        default="idle:overlap,idle:copy",
+        help="async modes, each <checkpoint.writer_priority>:<overlap|copy> (overlap_staging)",
     )
     r = sub.add_parser("resume")
     r.add_argument("--models", default="gpt_tiny,gpt_small,gpt_125m")

@@ -113,6 +113,9 @@ class StepClock:
     def on_start(self, trainer: Any) -> None:
         self.ends.append(now())
 
+    def before_optimizer_step(self, trainer: Any) -> None:
+        pass
+
     def after_step(self, trainer: Any, record: Any) -> bool:
         self.ends.append(now())
         return False

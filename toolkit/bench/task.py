@@ -42,6 +42,9 @@ class MemoryProbe:
     def on_start(self, trainer: Any) -> None:
         self.samples["after_build"] = memory_now(self.device)
 
+    def before_optimizer_step(self, trainer: Any) -> None:
+        pass
+
     def after_step(self, trainer: Any, record: StepRecord) -> bool:
         if record.step == 1:
             self.samples["after_first_step"] = memory_now(self.device)

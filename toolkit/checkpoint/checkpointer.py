@@ -3,7 +3,9 @@
 A save: every rank writes its RNG state (JSON) and its shards into `step-<N>.tmp/`; rank 0
 also writes the trainer state and config (JSON). With `async_save`, the training thread
 waits only for the previous save (at most one in flight) and for the copy of the state into
-CPU memory (pinned on GPU); DCP writes in a background thread over a gloo group of its own,
+CPU memory (pinned on GPU); with `overlap_staging` the copy runs in a staging thread during
+the next step's forward/backward and the trainer waits for it before the optimizer step
+(`wait_staged`), the first moment the saved tensors change. DCP writes in a background thread over a gloo group of its own,
 so its collectives never interleave with training's. A commit worker per rank waits for the
 write and checksums the shards its rank wrote; rank 0 gathers the checksums, writes the
 manifest (sizes, checksums) and renames the directory to `step-<N>`, and hands retention to
@@ -19,6 +21,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +34,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from toolkit.checkpoint.discovery import committed_steps
 from toolkit.checkpoint.layout import (
@@ -64,7 +68,7 @@ class SaveResult:
     start: float  # time.time() when save() was called
     stall_s: float = 0.0  # training thread blocked: waiting for the previous save + staging
     wait_previous_s: float = 0.0
-    staging_s: float = 0.0  # state dict + copy to CPU memory
+    staging_s: float = 0.0  # state dict + copy to CPU memory (+ the wait for an overlapped copy)
     write_s: float = 0.0  # background: DCP write until every rank finished
     checksum_s: float = 0.0  # this rank: checksums of the files it wrote
     commit_s: float = 0.0  # rank 0: gather checksums, manifest, rename
@@ -73,22 +77,25 @@ class SaveResult:
     end: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
     future: Future | None = None
+    staged: Future | None = None  # overlapped staging: done once the state is in CPU memory
     writer: Any = None
 
 
 _STOP = object()
 
 
-def _stager(device: torch.device) -> DefaultStager:
-    """Copy into CPU memory on the training thread: pinned with non-blocking copies on GPU.
-    The stager keeps its CPU buffers and reuses them for the next save; that is safe only
-    because a save starts after the previous one finished writing (one in flight)."""
+def _stager(device: torch.device, overlap: bool) -> DefaultStager:
+    """Copy into CPU memory (pinned, with non-blocking copies on a side stream on GPU), on
+    the training thread or, with `overlap`, in a staging thread while the next step's
+    forward/backward runs. The stager keeps its CPU buffers and reuses them for the next
+    save; that is safe only because a save starts after the previous one finished writing
+    (one in flight)."""
     cuda = device.type == "cuda"
     return DefaultStager(
         StagingOptions(
             use_pinned_memory=cuda,
             use_shared_memory=False,
-            use_async_staging=False,
+            use_async_staging=overlap,
             use_non_blocking_copy=cuda,
         )
     )
@@ -118,7 +125,7 @@ class Checkpointer:
         # DCP's background collectives get a gloo group of their own (async needs a CPU
         # backend, and they must not interleave with training collectives on the default group).
         self.pg = dist.new_group(backend="gloo")
-        self._stager = _stager(device) if cfg.async_save else None
+        self._stager = _stager(device, cfg.overlap_staging) if cfg.async_save else None
         self._pending: SaveResult | None = None
         self._finished: list[SaveResult] = []
         self._lock = threading.Lock()
@@ -160,9 +167,14 @@ class Checkpointer:
             writer = result.writer = self.storage.dcp_writer(tmp)
             if self._stager is not None:
                 writer.background_priority = self.cfg.writer_priority
-                result.future = dcp.async_save(
+                response = dcp.async_save(
                     state, storage_writer=writer, process_group=self.pg, async_stager=self._stager
                 )
+                if isinstance(response, AsyncSaveResponse):  # staging overlaps training
+                    result.staged = response.staging_completion
+                    result.future = response.upload_completion
+                else:
+                    result.future = response
             else:
                 done: Future = Future()
                 try:
@@ -270,6 +282,22 @@ class Checkpointer:
             self.storage.remove(tmp)
         except Exception as exc:  # noqa: BLE001 - the next start removes it anyway
             log.warning("could not remove failed checkpoint %s: %s", tmp, exc)
+
+    def wait_staged(self) -> float:
+        """Block until the save in flight has copied the state into CPU memory (with
+        overlapped staging); call before anything changes parameters or optimizer state
+        (the trainer calls it before the optimizer step). Returns the seconds waited."""
+        with self._lock:
+            pending = self._pending
+        if pending is None or pending.staged is None:
+            return 0.0
+        t0 = time.perf_counter()
+        futures.wait([pending.staged])  # an error reaches the commit through the upload future
+        waited = time.perf_counter() - t0
+        pending.staged = None
+        pending.staging_s += waited
+        pending.stall_s += waited
+        return waited
 
     def _wait_pending(self) -> None:
         with self._lock:

@@ -192,6 +192,11 @@ class CheckpointHook:
         log.info("resumed from %s at step %d", path, trainer.state.step)
 
     # -- every step ----------------------------------------------------------------------
+    def before_optimizer_step(self, trainer: Any) -> None:
+        """An overlapped checkpoint copy must finish before the optimizer changes the state."""
+        if self.ckpt is not None:
+            self.ckpt.wait_staged()
+
     def after_step(self, trainer: Any, record: Any) -> bool:
         assert self.ckpt is not None and self.flag is not None
         self._report(trainer, self.ckpt.poll())

@@ -14,6 +14,9 @@ class CheckpointConfig:
     enabled: bool = False
     interval_steps: int = 0  # 0: only on demand, at the last step and at preemption
     async_save: bool = True  # stage to CPU, write in the background; False: blocking DCP save
+    # Copy the state into CPU memory while the next step's forward/backward runs; the
+    # optimizer step waits for the copy. False: the copy blocks the training thread.
+    overlap_staging: bool = True
     save_final: bool = True  # also checkpoint after the last training step
     keep_last: int = 2  # committed checkpoints kept (the newest is never deleted)
     keep_every: int = 0  # also keep every M-th step forever; 0: none

@@ -38,6 +38,11 @@ class Hook(Protocol):
 
     def on_start(self, trainer: Trainer) -> None: ...
 
+    def before_optimizer_step(self, trainer: Trainer) -> None:
+        """Called after forward/backward and clipping, right before parameters and optimizer
+        state change (e.g. to wait for a checkpoint's copy of them)."""
+        ...
+
     def after_step(self, trainer: Trainer, record: StepRecord) -> bool:
         """Return True to stop training after this step (e.g. preemption)."""
         ...
@@ -111,6 +116,8 @@ class Trainer:
             loss_sum += loss.detach()
         t1 = time.perf_counter()
         grad_norm = clip_grad_norm_(self.model, self.grad_clip)
+        for hook in self.hooks:
+            hook.before_optimizer_step(self)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
