@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -42,16 +44,29 @@ def launch(run_dir: Path, *overrides: str, timeout_s: float = 120) -> subprocess
     )
 
 
-def start(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    """Launch in a session of its own, so the whole job (launcher and ranks) can be killed."""
-    return subprocess.Popen(
-        cli(run_dir, *overrides),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+@pytest.fixture
+def start():
+    """Launch in a session of its own, so the whole job (launcher and ranks) can be killed;
+    whatever of it still runs when the test ends (passed or failed) is killed then."""
+    jobs: list[subprocess.Popen] = []
+
+    def launch_in_background(run_dir: Path, *overrides: str) -> subprocess.Popen:
+        job = subprocess.Popen(
+            cli(run_dir, *overrides),
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        jobs.append(job)
+        return job
+
+    yield launch_in_background
+    for job in jobs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)  # the session's group: launcher and ranks
+        job.wait()
 
 
 def losses(run_dir: Path) -> dict[int, float]:

@@ -12,14 +12,13 @@ from tests.checkpoint.conftest import (
     launch,
     logs,
     losses,
-    start,
     wait_for,
 )
 from toolkit.checkpoint.manifest import verify
 from toolkit.checkpoint.preemption import EXIT_SAVE_FAILED
 
 
-def test_sigkill_during_an_async_save_resumes_from_the_previous_commit(tmp_path, reference):
+def test_sigkill_during_an_async_save_resumes_from_the_previous_commit(tmp_path, reference, start):
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
     # The save of step 4 stalls in the writer: SIGKILL the whole job while it is in flight.

@@ -30,9 +30,7 @@ def model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, optimizer
 
 
-def test_state_changed_after_wait_staged_does_not_reach_the_checkpoint(
-    single_rank_group, tmp_path
-):
+def test_state_changed_after_wait_staged_does_not_reach_the_checkpoint(single_rank_group, tmp_path):
     cfg = CheckpointConfig(enabled=True, overlap_staging=True)
     ckpt = Checkpointer(cfg, tmp_path, LocalStorage(), {}, "cfg", torch.device("cpu"))
     model, optimizer = model_and_optimizer(seed=0)

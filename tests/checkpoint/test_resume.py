@@ -13,7 +13,6 @@ from tests.checkpoint.conftest import (
     events,
     launch,
     losses,
-    start,
     wait_for,
 )
 from toolkit.checkpoint.manifest import verify
@@ -45,7 +44,7 @@ def rank_process(launcher_pid: int, rank: int) -> psutil.Process:
     raise LookupError(f"rank {rank} not running")
 
 
-def test_a_signal_checkpoints_exits_75_and_a_relaunch_resumes_bitwise(tmp_path, reference):
+def test_a_signal_checkpoints_exits_75_and_a_relaunch_resumes_bitwise(tmp_path, reference, start):
     run_dir = tmp_path / "run"
     job = start(run_dir, "checkpoint.enabled=true")
     log0 = run_dir / "logs" / "rank0.log"
