@@ -4,6 +4,7 @@ the first resumed step as checkpoints grow.
 
     python -m toolkit.bench.checkpoint stall  [--model gpt_125m] [--ranks 2] [--trials 5]
     python -m toolkit.bench.checkpoint resume [--models gpt_tiny,gpt_small,gpt_125m]
+    python -m toolkit.bench.checkpoint cpu    [--gb 1] [--reps 3]
 
 Stall: in each trial the same ranks run N steps several ways, in rotating order: no
 checkpoint; an async save (`Checkpointer.save`, the training hook's code path) after the
@@ -382,6 +383,81 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
     return {"overrides": overrides, "raw": raw, "summary": summarize_stall(raw)}
 
 
+# -- CPU cost per GB of the pieces of a save -----------------------------------------------
+def run_cpu_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Wall and CPU seconds (this thread) per piece of a save, for `--gb` of fp32 tensors in
+    one process: DCP's writer with and without torch.save's zip CRC-32 (what ShardWriter
+    does), a plain write of the same bytes (the baseline), and read-back checksums with
+    sha256 (format 1) and xxh3-128 (format 2). Repetitions interleaved, medians reported."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import torch.utils.serialization
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    from toolkit.checkpoint.manifest import checksum_file
+
+    per = 1_700_000  # ~6.8 MB per tensor, like the blocks of gpt_125m and their AdamW state
+    count = max(1, int(args.gb * 1e9 / (per * 4)))
+    tensors = {f"t{i}": torch.randn(per) for i in range(count)}
+    nbytes = count * per * 4
+    root = Path(tempfile.mkdtemp(prefix="bench-ckpt-cpu-", dir=args.dir))
+    config = torch.utils.serialization.config.save
+
+    def dcp_write(crc: bool) -> None:
+        config.compute_crc32 = crc
+        try:
+            writer = FileSystemWriter(root / "dcp", single_file_per_rank=True, sync_files=True)
+            dcp.save(tensors, storage_writer=writer, no_dist=True)
+        finally:
+            config.compute_crc32 = True
+
+    def plain_write() -> None:  # baseline: the same bytes, plain writes + fsync
+        with open(root / "plain.bin", "wb") as f:
+            for t in tensors.values():
+                f.write(memoryview(t.numpy()).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+
+    pieces = {
+        "DCP write, zip CRC-32 on (torch default)": lambda: dcp_write(True),
+        "DCP write, zip CRC-32 off (ShardWriter)": lambda: dcp_write(False),
+        "plain write + fsync (baseline)": plain_write,
+        "read-back sha256 (manifest format 1)": lambda: checksum_file(root / "plain.bin", "sha256"),
+        "read-back xxh3-128 (manifest format 2)": lambda: checksum_file(
+            root / "plain.bin", "xxh3_128"
+        ),
+    }
+    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in pieces}
+    try:
+        plain_write()
+        for _ in range(args.reps):
+            for name, fn in pieces.items():
+                shutil.rmtree(root / "dcp", ignore_errors=True)
+                w0, c0 = time.perf_counter(), time.thread_time()
+                fn()
+                samples[name].append((time.perf_counter() - w0, time.thread_time() - c0))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    for name, s in samples.items():
+        wall = statistics.median(x[0] for x in s)
+        cpu = statistics.median(x[1] for x in s)
+        rows.append(
+            {
+                "piece": name,
+                "GB": nbytes / 1e9,
+                "wall_s_per_GB": wall / (nbytes / 1e9),
+                "cpu_s_per_GB": cpu / (nbytes / 1e9),
+            }
+        )
+        print(
+            f"{name:45s} wall {rows[-1]['wall_s_per_GB']:.2f} s/GB  "
+            f"CPU {rows[-1]['cpu_s_per_GB']:.2f} s/GB",
+            flush=True,
+        )
+    return rows
+
+
 # -- time to the first resumed step --------------------------------------------------------
 def _launch(run_dir: Path, overrides: list[str]) -> tuple[float, subprocess.CompletedProcess]:
     cmd = [
@@ -469,17 +545,21 @@ def main(argv: list[str] | None = None) -> int:
         default="idle:overlap,idle:copy",
         help="async modes, each <checkpoint.writer_priority>:<overlap|copy> (overlap_staging)",
     )
+    c = sub.add_parser("cpu")
+    c.add_argument("--gb", type=float, default=1.0)
+    c.add_argument("--reps", type=int, default=3)
     r = sub.add_parser("resume")
     r.add_argument("--models", default="gpt_tiny,gpt_small,gpt_125m")
     r.add_argument("--reps", type=int, default=2)
     r.add_argument("--seq-len", type=int, default=64)
-    for p in (s, r):
+    for p in (s, r, c):
         p.add_argument(
             "--dir", default=None, help="where checkpoints are written (default: $TMPDIR)"
         )
         p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
-    result: Any = run_stall(args) if args.what == "stall" else run_resume(args)
+    runs = {"stall": run_stall, "resume": run_resume, "cpu": run_cpu_cost}
+    result: Any = runs[args.what](args)
     text = json.dumps(result, indent=1)
     print(text if args.what == "stall" else "")
     if args.json:
