@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -121,3 +122,38 @@ def test_a_requeueable_job_is_followed_through_preemption():
     assert not JobState("PREEMPTED", 0, 0, requeue=True).final
     assert JobState("PREEMPTED", 0, 0, requeue=False).final
     assert JobState("FAILED", 1, 0, requeue=True).final
+
+
+def test_a_followed_log_that_is_written_anew_after_a_requeue_is_followed_from_its_start(tmp_path):
+    from toolkit.executors.slurm import _Tail
+
+    log = tmp_path / "0_log.out"
+    shown = io.StringIO()
+    tail = _Tail(log, shown)
+    tail.pump()  # not there yet: nothing, no error
+    log.write_text("step 1\nstep 2\n")
+    tail.pump()
+    log.write_text("resumed at step 2\n")  # the requeued job truncates its log
+    tail.pump()
+    assert shown.getvalue() == "step 1\nstep 2\nresumed at step 2\n"
+
+
+def test_following_a_job_says_when_it_was_requeued(monkeypatch, tmp_path, capsys):
+    from toolkit.executors import slurm
+
+    answers = iter(
+        [
+            {"7": JobState("RUNNING", 0, 0, requeue=True)},
+            {"7": JobState("PENDING", 0, 0, reason="BeginTime", requeue=True, restarts=1)},
+            {"7": JobState("RUNNING", 0, 0, requeue=True, restarts=1)},
+            {"7": JobState("COMPLETED", 0, 0, requeue=True, restarts=1)},
+        ]
+    )
+    monkeypatch.setattr(slurm, "job_states", lambda job_id: next(answers))
+    monkeypatch.setattr(slurm, "POLL_S", 0)
+    assert slurm.follow_job(tmp_path, "7", tmp_path / "run", follow=False) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "job 7 requeued (restart 1); following it until it ends",
+        f"job 7 COMPLETED; run dir {tmp_path / 'run'}",
+    ]

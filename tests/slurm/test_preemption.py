@@ -29,6 +29,11 @@ COMMON = [
     "checkpoint.interval_steps=5",
 ]
 
+# The job trains 40 steps in about a second: hold it long enough to be signalled mid-run. The
+# writer of the step-5 save sleeps 5 s before each file it opens, so the loop waits for that
+# save at step 10 (one save in flight); losses are unaffected.
+HOLD = ["checkpoint.fault_stall_step=5", "checkpoint.fault_stall_s=5"]
+
 
 def launch(cluster, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "toolkit.launch", *COMMON, *overrides, f"hydra.run.dir={run_dir}"]
@@ -65,22 +70,32 @@ def job_state(cluster, job_id: str) -> str:
     return out.splitlines()[-1] if out else ""
 
 
-def test_usr2_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, tmp_path):
-    reference = tmp_path / "reference"
+@pytest.fixture(scope="module")
+def expected(slurm_cluster, tmp_path_factory) -> dict[int, float]:
+    """Per-step losses of the same job run on the cluster without interruption."""
+    reference = tmp_path_factory.mktemp("reference") / "run"
     done = launch(slurm_cluster, reference, "cluster=slurm", "cluster.time=00:10:00")
     assert done.returncode == 0, done.stdout + done.stderr
-    expected = losses(reference)
-    assert sorted(expected) == list(range(1, STEPS + 1))
+    out = losses(reference)
+    assert sorted(out) == list(range(1, STEPS + 1))
+    return out
 
+
+def test_usr2_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, tmp_path, expected):
     run_dir = tmp_path / "preempted"
     done = launch(
-        slurm_cluster, run_dir, "cluster=slurm", "cluster.time=00:10:00", "launch.detach=true"
+        slurm_cluster,
+        run_dir,
+        "cluster=slurm",
+        "cluster.time=00:10:00",
+        "launch.detach=true",
+        *HOLD,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     job_id = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
 
-    # After the first committed checkpoint, signal the job as its time limit would.
-    wait_for(lambda: (run_dir / "checkpoints" / "step-00000005").is_dir(), 180, "a checkpoint")
+    # While the job is held at its step-5 save, signal it as its time limit would.
+    wait_for(lambda: (run_dir / "checkpoints" / "step-00000005.tmp").is_dir(), 180, "a save")
     signalled = slurm_cluster.run("scancel", "--signal=USR2", job_id)
     assert signalled.returncode == 0, signalled.stderr
 
@@ -96,4 +111,36 @@ def test_usr2_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, tmp_path):
     assert restart["step"] == preemption["step"]
     assert restart["attrs"]["restart_count"] == 1
     wait_for(lambda: job_state(slurm_cluster, job_id) == "COMPLETED", 300, "job completion")
+    assert losses(run_dir) == expected
+
+
+def test_the_launcher_follows_a_job_through_its_requeue_to_the_end(
+    slurm_cluster, tmp_path, expected
+):
+    run_dir = tmp_path / "followed"
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.launch",
+        *COMMON,
+        "cluster=slurm",
+        "cluster.time=00:10:00",
+        *HOLD,
+        f"hydra.run.dir={run_dir}",
+    ]
+    env = dict(slurm_cluster.env, PYTHONPATH=str(REPO))
+    launcher = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        wait_for(lambda: (run_dir / "checkpoints" / "step-00000005.tmp").is_dir(), 180, "a save")
+        job_id = next(p.name.split("_")[0] for p in (run_dir / "slurm").glob("*_0_log.out"))
+        assert slurm_cluster.run("scancel", "--signal=USR2", job_id).returncode == 0
+        out, err = launcher.communicate(timeout=420)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, out + err
+    assert f"job {job_id} requeued (restart 1); following it until it ends" in out
+    assert f"job {job_id} COMPLETED" in out
+    assert events(run_dir, "restart")[0]["attrs"]["restart_count"] == 1
     assert losses(run_dir) == expected

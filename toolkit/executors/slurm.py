@@ -157,19 +157,29 @@ class NeverRuns(Exception):
 
 
 class _Tail:
-    """Copies what is appended to a file onto a stream."""
+    """Copies what is appended to a file onto a stream; starts over when the file was
+    written anew (a requeued job's log): shorter than what was read, or another beginning."""
+
+    HEAD_BYTES = 256
 
     def __init__(self, path: Path, stream: TextIO):
-        self.path, self.stream, self.offset = path, stream, 0
+        self.path, self.stream, self.offset, self.head = path, stream, 0, b""
 
     def pump(self) -> None:
         try:
             with open(self.path, "rb") as f:
+                start = f.read(self.HEAD_BYTES)
+                if not start.startswith(self.head[: len(start)]) or (
+                    os.fstat(f.fileno()).st_size < self.offset
+                ):
+                    self.offset, self.head = 0, b""
                 f.seek(self.offset)
                 data = f.read()
         except FileNotFoundError:
             return
         if data:
+            if len(self.head) < self.HEAD_BYTES:
+                self.head = start
             self.offset += len(data)
             self.stream.write(data.decode(errors="replace"))
             self.stream.flush()
@@ -198,7 +208,20 @@ def follow_job(folder: Path, job_id: str, run_dir: Path, follow: bool) -> int:
         if follow
         else []
     )
-    state = wait(job_id, on_poll=lambda _: [t.pump() for t in tails])[job_id]
+    restarts = [0]
+
+    def on_poll(states: dict[str, JobState]) -> None:
+        state = states.get(job_id)
+        if state is not None and state.restarts > restarts[0]:
+            restarts[0] = state.restarts
+            print(
+                f"job {job_id} requeued (restart {state.restarts}); following it until it ends",
+                flush=True,
+            )
+        for t in tails:
+            t.pump()
+
+    state = wait(job_id, on_poll=on_poll)[job_id]
     for t in tails:
         t.pump()
     code = state.exit_status()

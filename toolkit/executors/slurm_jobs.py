@@ -52,6 +52,7 @@ class JobState:
     signal: int  # the signal that ended it, 0 if none
     reason: str = ""  # why it is pending, e.g. Resources, Priority, PartitionNodeLimit
     requeue: bool = False  # Slurm puts it back in the queue after preemption or node failure
+    restarts: int = 0  # times the job was requeued (scontrol's Restarts)
 
     @property
     def final(self) -> bool:
@@ -119,6 +120,7 @@ def _scontrol_states(job_id: str) -> dict[str, JobState] | None:
             *_exit_code(fields.get("ExitCode", "0:0")),
             reason=fields.get("Reason", ""),
             requeue=fields.get("Requeue") == "1",
+            restarts=int(fields.get("Restarts", "0") or 0),
         )
         array_job, task = fields.get("ArrayJobId"), fields.get("ArrayTaskId")
         if not array_job or task is None:
