@@ -48,3 +48,15 @@ def tiny() -> list[str]:
         "trainer.progress=false",
         "data.seq_len=64",
     ]
+
+
+@pytest.fixture(scope="module")
+def single_rank_group(tmp_path_factory):
+    """A real one-rank gloo process group in the test process, for code that needs
+    torch.distributed initialised (destroyed after the module's tests)."""
+    import torch.distributed as dist
+
+    store = tmp_path_factory.mktemp("store") / "pg"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

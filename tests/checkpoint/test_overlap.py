@@ -2,23 +2,13 @@
 called wait_staged() (right before the optimizer step) training may change the state, and
 the checkpoint still holds the state of the step it was taken at."""
 
-import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.checkpoint.manifest import verify
 from toolkit.checkpoint.storage import LocalStorage
 from toolkit.config.checkpoint import CheckpointConfig
-
-
-@pytest.fixture(scope="module")
-def single_rank_group(tmp_path_factory):
-    store = tmp_path_factory.mktemp("store") / "pg"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -8,7 +8,6 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
-import torch.distributed as dist
 
 from tests.nccl.cli import run_module
 from toolkit.bench import collective_ops
@@ -83,14 +82,6 @@ def test_wrong_results_fail_before_the_threshold_is_considered():
     code, lines = verdict(cfg, [row])
     assert code == EXIT_WRONG
     assert lines == ["all_reduce at 1024 B: 3 wrong elements (over all ranks)"]
-
-
-@pytest.fixture(scope="module")
-def single_rank_group(tmp_path_factory):
-    store = tmp_path_factory.mktemp("store") / "pg"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("op", OPS)
