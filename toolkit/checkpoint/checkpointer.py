@@ -238,8 +238,8 @@ class Checkpointer:
         ]
         try:
             report: Any = describe_files(tmp, mine)
-        except OSError as exc:
-            report = f"rank {self.rank}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - every rank must reach the gather below
+            report = f"rank {self.rank}: {type(exc).__name__}: {exc}"
         result.checksum_s = time.perf_counter() - t0
         reports: list[Any] = [None] * self.world_size if self.rank == 0 else []
         if self.world_size > 1:
