@@ -3,6 +3,7 @@ called wait_staged() (right before the optimizer step) training may change the s
 the checkpoint still holds the state of the step it was taken at."""
 
 import torch
+import torch.utils.serialization
 from torch import nn
 
 from toolkit.checkpoint.checkpointer import Checkpointer
@@ -54,4 +55,6 @@ def test_without_overlap_save_returns_with_the_state_already_copied(single_rank_
     assert ckpt.wait_staged() == 0.0
     (done,) = ckpt.wait()
     assert done.error is None and done.size_bytes > 0
+    # The writer skipped torch.save's zip CRC only while it wrote: torch's setting is back.
+    assert torch.utils.serialization.config.save.compute_crc32 is True
     ckpt.close()
