@@ -30,19 +30,22 @@ def _job_summary(job: dict[str, Any]) -> dict[str, Any]:
 PARSABLE_FIELDS = ("JobID", "JobName", "State", "ElapsedRaw", "NodeList", "AllocNodes")
 
 
+def _run(exe: str, *args: str) -> subprocess.CompletedProcess | str:
+    """sacct's answer, or the note saying why there is none."""
+    try:
+        return subprocess.run(
+            [exe, *args], capture_output=True, text=True, timeout=SACCT_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"sacct failed: {type(exc).__name__}: accounting skipped"
+
+
 def _parsable(
     exe: str, job_id: str, json_proc: subprocess.CompletedProcess
 ) -> tuple[dict[str, Any] | None, str]:
-    try:
-        proc = subprocess.run(
-            [exe, "-j", job_id, "-X", "-P", "-n", "-o", ",".join(PARSABLE_FIELDS)],
-            capture_output=True,
-            text=True,
-            timeout=SACCT_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"sacct failed: {type(exc).__name__}: accounting skipped"
+    proc = _run(exe, "-j", job_id, "-X", "-P", "-n", "-o", ",".join(PARSABLE_FIELDS))
+    if isinstance(proc, str):
+        return None, proc
     if proc.returncode != 0:
         why = (proc.stderr.strip().splitlines() or json_proc.stderr.strip().splitlines() or ["?"])[
             0
@@ -78,16 +81,9 @@ def sacct(job_id: str) -> tuple[dict[str, Any] | None, str]:
     exe = shutil.which("sacct")
     if exe is None:
         return None, "sacct not found on PATH: Slurm accounting skipped"
-    try:
-        proc = subprocess.run(
-            [exe, "-j", job_id, "--json"],
-            capture_output=True,
-            text=True,
-            timeout=SACCT_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"sacct failed: {type(exc).__name__}: accounting skipped"
+    proc = _run(exe, "-j", job_id, "--json")
+    if isinstance(proc, str):
+        return None, proc
     try:
         jobs = json.loads(proc.stdout).get("jobs", []) if proc.returncode == 0 else None
     except ValueError:
