@@ -66,7 +66,7 @@ def raw_write(tensors: list[Any], path: Path) -> tuple[int, float]:
 
 
 class BackgroundRawWrite:
-    """Baseline for the lost time: the least an async checkpoint can do. Copy this rank's
+    """Baseline for the lost time: the simplest async checkpoint. Copy this rank's
     tensors into one CPU buffer on the training thread, then write it with plain file
     writes + fsync in a thread (no DCP, no checksums, no manifest)."""
 
@@ -89,13 +89,7 @@ class BackgroundRawWrite:
         self.thread.start()
 
     def _write(self) -> None:
-        t0 = time.perf_counter()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "wb") as f:
-            f.write(memoryview(self.buffer.numpy()))
-            f.flush()
-            os.fsync(f.fileno())
-        self.write_s = time.perf_counter() - t0
+        _, self.write_s = raw_write([self.buffer], self.path)
 
     def wait(self) -> None:
         self.thread.join()
@@ -273,7 +267,6 @@ def stall_worker(
     dist.barrier()
     raw_bytes, raw_s = raw_write(local, root / "raw" / f"rank{rank}.bin")
     dist.barrier()
-    t_all = [raw_s]
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, {"raw_bytes": raw_bytes, "raw_s": raw_s})
     for c in ckpts.values():
@@ -294,7 +287,6 @@ def stall_worker(
             "raw_write": {"bytes": total_raw, "seconds": slowest_raw},
         }
         (root / RESULT).write_text(json.dumps(result, indent=1))
-    del t_all
     shutil.rmtree(root / "raw", ignore_errors=True)
     for p in root.glob("ckpt-*"):
         shutil.rmtree(p, ignore_errors=True)
@@ -412,11 +404,7 @@ def run_cpu_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
             config.compute_crc32 = True
 
     def plain_write() -> None:  # baseline: the same bytes, plain writes + fsync
-        with open(root / "plain.bin", "wb") as f:
-            for t in tensors.values():
-                f.write(memoryview(t.numpy()).cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
+        raw_write(list(tensors.values()), root / "plain.bin")
 
     pieces = {
         "DCP write, zip CRC-32 on (torch default)": lambda: dcp_write(True),

@@ -241,11 +241,9 @@ class Checkpointer:
         except Exception as exc:  # noqa: BLE001 - every rank must reach the gather below
             report = f"rank {self.rank}: {type(exc).__name__}: {exc}"
         result.checksum_s = time.perf_counter() - t0
-        reports: list[Any] = [None] * self.world_size if self.rank == 0 else []
+        reports: list[Any] = [report] * self.world_size  # world 1: this rank's is all
         if self.world_size > 1:
             dist.gather_object(report, reports if self.rank == 0 else None, 0, group=self.pg)
-        else:
-            reports = [report]
         if self.rank != 0:
             if isinstance(report, str):
                 raise RuntimeError(f"checksums failed: {report}")

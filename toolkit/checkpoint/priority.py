@@ -20,9 +20,11 @@ import logging
 import os
 import threading
 
+from toolkit.config.checkpoint import CheckpointConfig
+
 log = logging.getLogger(__name__)
 
-PRIORITIES = ("idle", "low", "normal")
+PRIORITIES = CheckpointConfig.WRITER_PRIORITY  # idle, low, normal
 _warned = False
 
 

@@ -38,7 +38,7 @@ class CheckpointConfig:
 
     ON_CORRUPT = ("fallback", "fail")
     ON_SAVE_ERROR = ("continue", "stop")
-    WRITER_PRIORITY = ("idle", "low", "normal")  # = toolkit.checkpoint.priority.PRIORITIES
+    WRITER_PRIORITY = ("idle", "low", "normal")  # see toolkit.checkpoint.priority
 
 
 def validate_checkpoint(cfg: CheckpointConfig) -> list[str]:
