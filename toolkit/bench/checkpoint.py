@@ -177,13 +177,17 @@ def stall_worker(
     root = Path(out_dir)
     trainer = build_trainer(job, env, root / "run", device)
     ckpts = {}
-    for variant in variants:  # "<writer priority>:<overlap|copy>"
-        priority, staging = variant.split(":")
+    for variant in variants:  # "<writer priority>:<overlap|copy>[:<direct|buffered>]"
+        priority, staging, io = (variant + ":direct").split(":")[:3]
         cfg = replace(
-            job.checkpoint, writer_priority=priority, overlap_staging=staging == "overlap"
+            job.checkpoint,
+            writer_priority=priority,
+            overlap_staging=staging == "overlap",
+            direct_io=io == "direct",
         )
-        ckpts[f"async-{priority}-{staging}"] = Checkpointer(
-            cfg, root / f"ckpt-{priority}-{staging}", LocalStorage(), {}, "bench", device
+        name = f"async-{priority}-{staging}-{io}"
+        ckpts[name] = Checkpointer(
+            cfg, root / f"ckpt-{name}", LocalStorage(cfg.direct_io), {}, "bench", device
         )
     # What the checkpoint hook does in the loop: an overlapped copy finishes before the
     # optimizer step changes the state.
@@ -254,6 +258,7 @@ def stall_worker(
                             "finished_before_last_step_end": r.end <= steps_end,
                             "tail_wait_s": max(0.0, r.end - steps_end),
                             "writer_priority": r.writer.thread_priority,
+                            "direct_io": r.writer.direct_io,
                             "error": r.error,
                         }
                     )
@@ -377,16 +382,20 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- CPU cost per GB of the pieces of a save -----------------------------------------------
 def run_cpu_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Wall and CPU seconds (this thread) per piece of a save, for `--gb` of fp32 tensors in
-    one process: DCP's writer with and without torch.save's zip CRC-32 (what ShardWriter
-    does), a plain write of the same bytes (the baseline), and read-back checksums with
-    sha256 (format 1) and xxh3-128 (format 2). Repetitions interleaved, medians reported."""
+    """Wall and CPU seconds per piece of a save, for `--gb` of fp32 tensors in one process:
+    DCP's writer with and without torch.save's zip CRC-32, the toolkit's writer (no CRC,
+    checksums while writing) through the page cache and with O_DIRECT, a plain write of the
+    same bytes (the baseline), and read-back checksums with sha256 (format 1) and xxh3-128
+    (format 2). CPU is this thread's and the whole machine's busy time (which also catches
+    the kernel's writeback threads; run it on an idle machine). Repetitions interleaved,
+    medians reported."""
     import torch
     import torch.distributed.checkpoint as dcp
     import torch.utils.serialization
     from torch.distributed.checkpoint import FileSystemWriter
 
     from toolkit.checkpoint.manifest import checksum_file
+    from toolkit.checkpoint.storage import LocalStorage
 
     per = 1_700_000  # ~6.8 MB per tensor, like the blocks of gpt_125m and their AdamW state
     count = max(1, int(args.gb * 1e9 / (per * 4)))
@@ -403,47 +412,62 @@ def run_cpu_cost(args: argparse.Namespace) -> list[dict[str, Any]]:
         finally:
             config.compute_crc32 = True
 
+    def shard_write(direct: bool) -> None:
+        dcp.save(
+            tensors, storage_writer=LocalStorage(direct).dcp_writer(root / "dcp"), no_dist=True
+        )
+
     def plain_write() -> None:  # baseline: the same bytes, plain writes + fsync
         raw_write(list(tensors.values()), root / "plain.bin")
 
     pieces = {
         "DCP write, zip CRC-32 on (torch default)": lambda: dcp_write(True),
-        "DCP write, zip CRC-32 off (ShardWriter)": lambda: dcp_write(False),
+        "DCP write, zip CRC-32 off": lambda: dcp_write(False),
+        "toolkit writer, page cache (direct_io=false)": lambda: shard_write(False),
+        "toolkit writer, O_DIRECT (direct_io=true)": lambda: shard_write(True),
         "plain write + fsync (baseline)": plain_write,
         "read-back sha256 (manifest format 1)": lambda: checksum_file(root / "plain.bin", "sha256"),
         "read-back xxh3-128 (manifest format 2)": lambda: checksum_file(
             root / "plain.bin", "xxh3_128"
         ),
     }
-    samples: dict[str, list[tuple[float, float]]] = {k: [] for k in pieces}
+    samples: dict[str, list[tuple[float, float, float]]] = {k: [] for k in pieces}
     try:
         plain_write()
         for _ in range(args.reps):
             for name, fn in pieces.items():
                 shutil.rmtree(root / "dcp", ignore_errors=True)
+                m0 = _busy(cpu_seconds())
                 w0, c0 = time.perf_counter(), time.thread_time()
                 fn()
-                samples[name].append((time.perf_counter() - w0, time.thread_time() - c0))
+                wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+                samples[name].append((wall, cpu, _busy(cpu_seconds()) - m0))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = []
+    gb = nbytes / 1e9
     for name, s in samples.items():
-        wall = statistics.median(x[0] for x in s)
-        cpu = statistics.median(x[1] for x in s)
+        wall, cpu, machine = (statistics.median(x[i] for x in s) for i in range(3))
         rows.append(
             {
                 "piece": name,
-                "GB": nbytes / 1e9,
-                "wall_s_per_GB": wall / (nbytes / 1e9),
-                "cpu_s_per_GB": cpu / (nbytes / 1e9),
+                "GB": gb,
+                "wall_s_per_GB": wall / gb,
+                "cpu_s_per_GB": cpu / gb,
+                "machine_cpu_s_per_GB": machine / gb,
             }
         )
         print(
-            f"{name:45s} wall {rows[-1]['wall_s_per_GB']:.2f} s/GB  "
-            f"CPU {rows[-1]['cpu_s_per_GB']:.2f} s/GB",
+            f"{name:45s} wall {wall / gb:.2f} s/GB  CPU {cpu / gb:.2f} s/GB  "
+            f"machine CPU {machine / gb:.2f} s/GB",
             flush=True,
         )
     return rows
+
+
+def _busy(cpu: dict[str, float]) -> float:
+    """Machine-wide busy CPU seconds (idle, iowait and steal excluded)."""
+    return sum(cpu[k] for k in ("user", "nice", "system", "irq", "softirq"))
 
 
 # -- time to the first resumed step --------------------------------------------------------
@@ -530,8 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--global-batch", type=int, default=4)
     s.add_argument(
         "--variants",
-        default="idle:overlap,idle:copy",
-        help="async modes, each <checkpoint.writer_priority>:<overlap|copy> (overlap_staging)",
+        default="idle:overlap:direct,idle:overlap:buffered",
+        help="async modes, each <checkpoint.writer_priority>:<overlap|copy>[:<direct|buffered>]"
+        " (overlap_staging, direct_io; default direct)",
     )
     c = sub.add_parser("cpu")
     c.add_argument("--gb", type=float, default=1.0)

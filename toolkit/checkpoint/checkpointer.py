@@ -7,7 +7,8 @@ CPU memory (pinned on GPU); with `overlap_staging` the copy runs in a staging th
 the next step's forward/backward and the trainer waits for it before the optimizer step
 (`wait_staged`), the first moment the saved tensors change. DCP writes in a background thread over a gloo group of its own,
 so its collectives never interleave with training's. A commit worker per rank waits for the
-write and checksums the shards its rank wrote; rank 0 gathers the checksums, writes the
+write (the writer checksums each shard as it writes it, around the page cache where the
+filesystem allows: see toolkit.checkpoint.directio); rank 0 gathers the checksums, writes the
 manifest (sizes, checksums) and renames the directory to `step-<N>`, and hands retention to
 the purge worker. DCP's finish step gathers every rank's write result on rank 0 before the
 future completes, so rank 0 commits only after all ranks finished writing. The background
@@ -70,7 +71,7 @@ class SaveResult:
     wait_previous_s: float = 0.0
     staging_s: float = 0.0  # state dict + copy to CPU memory (+ the wait for an overlapped copy)
     write_s: float = 0.0  # background: DCP write until every rank finished
-    checksum_s: float = 0.0  # this rank: checksums of the files it wrote
+    checksum_s: float = 0.0  # this rank: checksum of its RNG file + gathering every rank's
     commit_s: float = 0.0  # rank 0: gather checksums, manifest, rename
     size_bytes: int = 0  # rank 0: bytes in the committed checkpoint
     error: str | None = None
@@ -228,16 +229,20 @@ class Checkpointer:
             result.done.set()
 
     def _gather_checksums(self, result: SaveResult) -> dict[str, FileEntry]:
-        """Checksum the files this rank wrote and gather every rank's on rank 0 (over the
-        checkpoint's group; DCP's write future succeeds or fails on all ranks alike, so all
-        of them get here). Raises on every rank if one could not checksum its files."""
+        """The sizes and checksums of the files this rank wrote, gathered from every rank on
+        rank 0 (over the checkpoint's group; DCP's write future succeeds or fails on all ranks
+        alike, so all of them get here). The writer checksummed the shards as it wrote them;
+        the RNG file is read back (rank 0 checksums .metadata itself). Raises on every rank if
+        one could not checksum its files."""
         t0 = time.perf_counter()
         tmp = result.path
-        mine = [rng_file(self.rank)] + [  # its shards; rank 0 checksums .metadata itself
-            str(p.relative_to(tmp)) for p in result.writer.written if p.suffix == ".distcp"
-        ]
         try:
-            report: Any = describe_files(tmp, mine)
+            report: Any = describe_files(tmp, [rng_file(self.rank)])
+            report.update(
+                (str(p.relative_to(tmp)), entry)
+                for p, entry in result.writer.written.items()
+                if p.suffix == ".distcp"
+            )
         except Exception as exc:  # noqa: BLE001 - every rank must reach the gather below
             report = f"rank {self.rank}: {type(exc).__name__}: {exc}"
         result.checksum_s = time.perf_counter() - t0

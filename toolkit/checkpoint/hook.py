@@ -44,9 +44,9 @@ SAVE_NOW_FILE = "save-now"  # touch RUN_DIR/checkpoints/save-now to checkpoint a
 def build_storage(cfg: CheckpointConfig, step_stalled: bool = False) -> Storage:
     if cfg.fault_enospc_after_bytes is not None or step_stalled:
         return FaultyStorage(
-            cfg.fault_enospc_after_bytes, cfg.fault_stall_s if step_stalled else 0.0
+            cfg.fault_enospc_after_bytes, cfg.fault_stall_s if step_stalled else 0.0, cfg.direct_io
         )
-    return LocalStorage()
+    return LocalStorage(cfg.direct_io)
 
 
 class CheckpointHook:
@@ -264,6 +264,7 @@ class CheckpointHook:
                 "size_bytes": r.size_bytes,
                 "async": self.cfg.async_save,
                 "writer_priority": getattr(r.writer, "thread_priority", None),
+                "direct_io": getattr(r.writer, "direct_io", None),
             }
             if r.error is not None:
                 self._save_failed = True

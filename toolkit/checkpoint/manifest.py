@@ -67,8 +67,13 @@ class Manifest:
         return Manifest(files=files, **raw)
 
 
+def new_hash(algorithm: str = CHECKSUM) -> Any:
+    """A running checksum (`update(bytes)`, `hexdigest()`) of the given algorithm."""
+    return _HASHES[algorithm]()
+
+
 def checksum_file(path: Path, algorithm: str = CHECKSUM) -> str:
-    h = _HASHES[algorithm]()
+    h = new_hash(algorithm)
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK_BYTES):
             h.update(chunk)

@@ -5,8 +5,9 @@ faults (ENOSPC after N bytes, or a stall), used by tests through checkpoint.faul
 DCP reads and writes go through `dcp_writer` / `dcp_reader`; the reader loads DCP's
 `.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code.
 The writer skips the zip CRC-32 that `torch.save` computes per tensor (it cost ~1 s of CPU
-per GB here; the manifest's checksums cover every file) and remembers the files it wrote,
-so that each rank checksums its own shards.
+per GB here; the manifest's checksums cover every file), writes shards around the page cache
+(O_DIRECT, see toolkit.checkpoint.directio) unless told not to, and checksums each file as it
+writes it, so that no rank reads its shards back to checksum them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pickle
 import shutil
 import time
 from collections.abc import Generator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,6 +29,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 
+from toolkit.checkpoint.directio import open_for_write
+from toolkit.checkpoint.manifest import CHECKSUM, FileEntry, new_hash
 from toolkit.checkpoint.priority import describe_this_thread, lower_this_thread
 
 
@@ -48,6 +51,12 @@ class Storage(Protocol):
 
 
 class LocalStorage:
+    """Checkpoints in a local or shared POSIX filesystem; with `direct_io`, DCP shards are
+    written with O_DIRECT where the filesystem supports it."""
+
+    def __init__(self, direct_io: bool = True):
+        self.direct_io = direct_io
+
     def list(self, path: Path) -> list[str]:
         return sorted(os.listdir(path)) if path.is_dir() else []
 
@@ -80,7 +89,7 @@ class LocalStorage:
 
     def dcp_writer(self, path: Path) -> ShardWriter:
         writer = ShardWriter(path, single_file_per_rank=True, sync_files=True, overwrite=True)
-        writer.fs = GuardedFileSystem()
+        writer.fs = GuardedFileSystem(direct=self.direct_io)
         return writer
 
     def dcp_reader(self, path: Path) -> FileSystemReader:
@@ -89,12 +98,15 @@ class LocalStorage:
 
 class _GuardedStream(io.RawIOBase):
     """A write stream that records the first OSError (torch.save would otherwise hide a
-    disk-full error behind a zip-writer RuntimeError) and enforces an injected byte budget."""
+    disk-full error behind a zip-writer RuntimeError), enforces an injected byte budget and
+    checksums what it writes (DCP writes each file sequentially, start to end)."""
 
-    def __init__(self, inner: Any, fs: GuardedFileSystem, path: Path):
+    def __init__(self, inner: Any, fs: GuardedFileSystem, path: Path, checksum: Any):
         self._inner = inner
         self._fs = fs
         self._path = path
+        self.checksum = checksum  # None: the inner file checksums what it writes
+        self.size = 0
 
     def writable(self) -> bool:
         return True
@@ -106,13 +118,14 @@ class _GuardedStream(io.RawIOBase):
                 if size > self._fs.budget_bytes:
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self._path))
                 self._fs.budget_bytes -= size
-            return self._inner.write(data)
+            written = self._inner.write(data)
         except OSError as exc:
-            if self._fs.error is None:
-                self._fs.error = (
-                    exc if exc.filename else OSError(exc.errno, exc.strerror, str(self._path))
-                )
+            self._fs.record(exc, self._path)
             raise
+        if self.checksum is not None:
+            self.checksum.update(data)
+        self.size += size
+        return written
 
     def flush(self) -> None:
         self._inner.flush()
@@ -124,10 +137,7 @@ class _GuardedStream(io.RawIOBase):
         return self._inner.tell()
 
     def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._inner.seek(offset, whence)
+        return False  # a seek back would make the running checksum wrong
 
 
 class ShardWriter(FileSystemWriter):
@@ -154,43 +164,79 @@ class ShardWriter(FileSystemWriter):
             config.compute_crc32 = saved
 
     @property
-    def written(self) -> list[Path]:
-        """Files this rank's writer created (its shards; rank 0 also `.metadata`)."""
-        return list(getattr(self.fs, "written", []))
+    def written(self) -> dict[Path, FileEntry]:
+        """Files this rank's writer completed (its shards; rank 0 also `.metadata.tmp`, which
+        DCP then renames), with the size and checksum of the bytes written."""
+        return dict(getattr(self.fs, "written", {}))
+
+    @property
+    def direct_io(self) -> bool | None:
+        """Whether the shards bypassed the page cache (None: nothing written yet)."""
+        return getattr(self.fs, "direct_used", None)
 
 
 class GuardedFileSystem(FileSystem):
-    """DCP's file system layer, remembering the first write error (`error`) and the files
-    it created (`written`), with optional injected faults: a byte budget (then ENOSPC) and
-    a stall before each file is opened."""
+    """DCP's file system layer, writing with O_DIRECT when `direct` and the filesystem allow,
+    remembering the first write error (`error`) and the files it wrote (`written`, with size
+    and checksum), with optional injected faults: a byte budget (then ENOSPC) and a stall
+    before each file is opened."""
 
-    def __init__(self, budget_bytes: int | None = None, stall_s: float = 0.0):
+    def __init__(self, budget_bytes: int | None = None, stall_s: float = 0.0, direct: bool = True):
         self.budget_bytes = budget_bytes
         self.stall_s = stall_s
+        self.direct = direct
+        self.direct_used: bool | None = None
         self.error: OSError | None = None
-        self.written: list[Path] = []
+        self.written: dict[Path, FileEntry] = {}
+
+    def record(self, exc: OSError, path: Path) -> None:
+        if self.error is None:
+            self.error = exc if exc.filename else OSError(exc.errno, exc.strerror, str(path))
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Generator[io.IOBase, None, None]:
-        if "w" in mode and self.stall_s > 0:
+        if "w" not in mode:
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        if self.stall_s > 0:
             time.sleep(self.stall_s)
-        if "w" in mode:
-            self.written.append(Path(path))
-        with super().create_stream(path, mode) as stream:
-            yield _GuardedStream(stream, self, Path(path)) if "w" in mode else stream
+        path = Path(path)
+        checksum = new_hash(CHECKSUM)
+        try:
+            inner, direct = open_for_write(path, self.direct, checksum)
+        except OSError as exc:
+            self.record(exc, path)
+            raise
+        self.direct_used = direct if self.direct_used is None else self.direct_used and direct
+        stream = _GuardedStream(inner, self, path, None if direct else checksum)
+        try:
+            yield stream
+            inner.close()  # DirectFile: writes the tail and fsyncs
+        except OSError as exc:
+            self.record(exc, path)
+            raise
+        finally:
+            if not inner.closed:  # after an error: release the file; it is discarded anyway
+                with suppress(OSError):
+                    inner.close()
+        self.written[path] = FileEntry(stream.size, checksum.hexdigest())
 
 
 class FaultyStorage(LocalStorage):
     """LocalStorage whose DCP writes fail with ENOSPC after `enospc_after_bytes` bytes per
     checkpoint and rank, or stall `stall_s` seconds before each file is opened."""
 
-    def __init__(self, enospc_after_bytes: int | None = None, stall_s: float = 0.0):
+    def __init__(
+        self, enospc_after_bytes: int | None = None, stall_s: float = 0.0, direct_io: bool = True
+    ):
+        super().__init__(direct_io)
         self.enospc_after_bytes = enospc_after_bytes
         self.stall_s = stall_s
 
     def dcp_writer(self, path: Path) -> ShardWriter:
         writer = super().dcp_writer(path)
-        writer.fs = GuardedFileSystem(self.enospc_after_bytes, self.stall_s)
+        writer.fs = GuardedFileSystem(self.enospc_after_bytes, self.stall_s, self.direct_io)
         return writer
 
 

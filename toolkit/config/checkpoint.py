@@ -30,6 +30,9 @@ class CheckpointConfig:
     # Scheduling priority of the threads that write, checksum and delete checkpoints:
     # idle (SCHED_IDLE: only CPU time training does not want) | low (nice 19) | normal.
     writer_priority: str = "idle"
+    # Write shards with O_DIRECT, around the page cache (much less CPU taken from training;
+    # see toolkit.checkpoint.directio); filesystems that refuse it get ordinary writes.
+    direct_io: bool = True
     # Fault injection for tests: the writer fails with ENOSPC once a rank has written this
     # many bytes of one checkpoint, or stalls for fault_stall_s at step fault_stall_step.
     fault_enospc_after_bytes: int | None = None
