@@ -6,6 +6,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+import subprocess
 
 import pytest
 import torch
@@ -102,3 +103,38 @@ def cached_fraction(path) -> float:
     finally:
         m.close()
     return sum(v & 1 for v in vec) / pages
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A real 600 KiB tmpfs (which takes O_DIRECT on Linux >= 6.6): room for one checkpoint
+    of `model_and_optimizer` (~400 KB) but not two. Needs root, as the Slurm tests do."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=600k", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_fails_the_save_with_the_path_and_keeps_the_previous_one(
+    single_rank_group, small_filesystem
+):
+    cfg = CheckpointConfig(enabled=True, keep_last=2)
+    ckpt = Checkpointer(cfg, small_filesystem, LocalStorage(), {}, "cfg", torch.device("cpu"))
+    model, optimizer = model_and_optimizer(seed=0)
+    ckpt.save(1, model, optimizer, {"step": 1})
+    (first,) = ckpt.wait()
+    assert first.error is None
+
+    ckpt.save(2, model, optimizer, {"step": 2})
+    (second,) = ckpt.wait()
+    assert second.error is not None
+    assert "No space left on device" in second.error
+    assert str(small_filesystem / "step-00000002.tmp") in second.error  # names the file
+    assert not (small_filesystem / "step-00000002.tmp").exists()  # discarded
+    verify(first.path)  # the previous committed checkpoint is intact
+    ckpt.close()

@@ -19,6 +19,7 @@ import fcntl
 import io
 import mmap
 import os
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,13 @@ class DirectFile(io.RawIOBase):
     ):
         if buffer_bytes <= 0 or buffer_bytes % ALIGN:
             raise ValueError(f"buffer_bytes={buffer_bytes}: must be a positive multiple of {ALIGN}")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT
-        self._fd = os.open(path, flags, 0o644)
         self._buffer = mmap.mmap(-1, buffer_bytes)  # anonymous mappings are page-aligned
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT
+        try:
+            self._fd = os.open(path, flags, 0o644)
+        except OSError:
+            self._buffer.close()
+            raise
         self._view = memoryview(self._buffer)
         self._array = np.frombuffer(self._buffer, dtype=np.uint8)
         self._fill = 0
@@ -84,12 +89,20 @@ class DirectFile(io.RawIOBase):
         """Nothing to do: whole buffers go out as they fill, the tail at close."""
 
     def _write_out(self, size: int) -> None:
-        view = self._view[:size]
-        while view:
-            written = os.write(self._fd, view)
-            if written <= 0:  # the kernel reports a full disk as an error, not as 0
-                raise OSError(errno.EIO, "write returned 0")
-            view = view[written:]
+        done = 0
+        with self._view[:size] as whole:  # released even when a write fails
+            while done < size:
+                written = os.write(self._fd, whole[done:])
+                if written <= 0:  # the kernel reports a full disk as an error, not as 0
+                    raise OSError(errno.EIO, "write returned 0")
+                done += written
+                if done < size:  # short (disk full?): the rest is unaligned, so that the
+                    self._buffered()  # next write reports the real error (ENOSPC), not EINVAL
+
+    def _buffered(self) -> None:
+        """Switch O_DIRECT off for the rest of the file."""
+        flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
+        fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
 
     def close(self) -> None:
         if self.closed:
@@ -102,8 +115,7 @@ class DirectFile(io.RawIOBase):
                     self._view[: self._fill - whole] = self._view[whole : self._fill]
                     self._fill -= whole
                 if self._fill:  # the unaligned tail: buffered, so no padding reaches the file
-                    flags = fcntl.fcntl(self._fd, fcntl.F_GETFL)
-                    fcntl.fcntl(self._fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+                    self._buffered()
                     self._write_out(self._fill)
                     self._fill = 0
             os.fsync(self._fd)
@@ -111,7 +123,10 @@ class DirectFile(io.RawIOBase):
             os.close(self._fd)
             del self._array  # a buffer export: the mapping cannot close while it lives
             self._view.release()
-            self._buffer.close()
+            # After a failed write, the traceback may still hold a view of the buffer; the
+            # mapping is then unmapped when that goes.
+            with suppress(BufferError):
+                self._buffer.close()
             super().close()
 
 
