@@ -53,6 +53,21 @@ def test_a_truncated_shard_falls_back_to_the_previous_checkpoint(copy_run, refer
     assert losses(run_dir) == {7: reference[7], 8: reference[8]}
 
 
+def test_an_altered_shard_checked_by_another_rank_still_falls_back(copy_run, reference):
+    # The ranks verify the checksums together, each a share of the files: with 2 ranks,
+    # rank 1 checks __0_0.distcp. Its bytes change but not its size, so only rank 1 sees it.
+    run_dir = copy_run()
+    shard = run_dir / "checkpoints" / "step-00000008" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    done = launch(run_dir, *CKPT)
+    assert done.returncode == 0, done.stderr
+    assert f"{shard}: xxh3_128 checksum differs" in logs(run_dir)
+    assert events(run_dir, "restart")[0]["attrs"]["checkpoint"].endswith("step-00000006")
+    assert losses(run_dir) == {7: reference[7], 8: reference[8]}
+
+
 @pytest.mark.slow
 def test_a_truncated_shard_stops_the_job_when_fallback_is_off(copy_run):
     run_dir = copy_run()

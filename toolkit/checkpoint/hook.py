@@ -18,9 +18,8 @@ import torch
 import torch.distributed as dist
 
 from toolkit.checkpoint.checkpointer import Checkpointer, SaveResult
-from toolkit.checkpoint.discovery import latest_valid, remove_torn
 from toolkit.checkpoint.layout import CONFIG, checkpoints_dir
-from toolkit.checkpoint.manifest import CheckpointCorrupt, verify
+from toolkit.checkpoint.manifest import CheckpointCorrupt
 from toolkit.checkpoint.preemption import (
     EXIT_PREEMPTED,
     EXIT_SAVE_FAILED,
@@ -31,6 +30,7 @@ from toolkit.checkpoint.preemption import (
     restart_count,
     signal_number,
 )
+from toolkit.checkpoint.resume import candidates, choose_together
 from toolkit.checkpoint.state import config_diff, config_hash, restore_rng
 from toolkit.checkpoint.storage import FaultyStorage, LocalStorage, Storage
 from toolkit.config.checkpoint import CheckpointConfig
@@ -95,57 +95,29 @@ class CheckpointHook:
                 self.root,
                 ", ".join(signal.Signals(s).name for s in self._signals),
             )
-        path = self._pick_resume_path(trainer.rank)
+        path = self._pick_resume_path(trainer.rank, trainer.world_size)
         if path is not None:
             self._resume(trainer, Path(path))
 
-    def _pick_resume_path(self, rank: int) -> str | None:
-        """Rank 0 removes torn saves and picks (and verifies) the checkpoint; all ranks get it."""
-        choice: list[Any] = [None, None, 0.0]  # [path, error, seconds spent verifying]
+    def _pick_resume_path(self, rank: int, world_size: int) -> str | None:
+        """Rank 0 removes torn saves and lists the candidates; all ranks verify them together
+        (toolkit.checkpoint.resume) and resume from the same one."""
+        t0 = time.perf_counter()
+        plan: list[Any] = [None, None]  # [candidates, error]
         if rank == 0:
-            t0 = time.perf_counter()
             try:
-                choice[0] = self._choose()
+                plan[0] = candidates(self.storage, self.root, self.cfg)
             except Exception as exc:  # noqa: BLE001 - every rank must learn of it, not hang
-                choice[1] = f"{type(exc).__name__}: {exc}"
-            choice[2] = time.perf_counter() - t0
-        dist.broadcast_object_list(choice, src=0)
-        self._verify_s = float(choice[2])
-        if choice[1] is not None:
-            raise RuntimeError(f"cannot resume: {choice[1]}")
-        return choice[0]
-
-    def _choose(self) -> str | None:
-        remove_torn(self.storage, self.root)
-        if not (self.cfg.resume or self.cfg.resume_from):
-            return None
-        found = latest_valid(
-            self.storage,
-            self.root,
-            checksums=self.cfg.verify,
-            fallback=self.cfg.on_corrupt == "fallback",
-        )
-        if found is not None:  # the run's own checkpoints win: a requeued job continues
-            if self.cfg.resume_from:
-                log.info("run dir has committed checkpoints; ignoring checkpoint.resume_from")
-            return str(found[0])
-        if self.cfg.resume_from:
-            explicit = Path(self.cfg.resume_from).expanduser().resolve()
-            if (explicit / "checkpoints").is_dir():  # a run directory: its latest
-                found = latest_valid(
-                    self.storage,
-                    explicit / "checkpoints",
-                    checksums=self.cfg.verify,
-                    fallback=False,
-                )
-                if found is None:
-                    raise CheckpointCorrupt(
-                        f"checkpoint.resume_from={explicit}: no committed checkpoint"
-                    )
-                return str(found[0])
-            verify(explicit, self.cfg.verify)
-            return str(explicit)
-        return None
+                plan[1] = f"{type(exc).__name__}: {exc}"
+        dist.broadcast_object_list(plan, src=0)
+        if plan[1] is not None:
+            raise RuntimeError(f"cannot resume: {plan[1]}")
+        try:
+            path = choose_together(plan[0], self.cfg.verify, rank, world_size)
+        except (CheckpointCorrupt, RuntimeError) as exc:
+            raise RuntimeError(f"cannot resume: {type(exc).__name__}: {exc}") from None
+        self._verify_s = time.perf_counter() - t0
+        return None if path is None else str(path)
 
     def _resume(self, trainer: Any, path: Path) -> None:
         assert self.ckpt is not None
@@ -180,7 +152,7 @@ class CheckpointHook:
                 trainer.rank,
                 {
                     "checkpoint": str(path),
-                    "verify_s": self._verify_s,  # rank 0: discovery + manifest checks
+                    "verify_s": self._verify_s,  # discovery + this rank's share of the checks
                     "load_s": time.time() - t0,
                     "restart_count": restart_count(),
                     "saved_world_size": int(state["world_size"]),

@@ -135,6 +135,14 @@ def read_manifest(directory: Path) -> Manifest:
 def verify(directory: Path, checksums: bool = True) -> Manifest:
     """The manifest, once every listed file exists with its size (and checksum when
     `checksums`); raises CheckpointCorrupt naming the first bad file otherwise."""
+    manifest = verify_sizes(directory)
+    if checksums:
+        verify_checksums(directory, manifest, sorted(manifest.files))
+    return manifest
+
+
+def verify_sizes(directory: Path) -> Manifest:
+    """The manifest, once every file it lists exists with its size (cheap: no file is read)."""
     manifest = read_manifest(directory)
     if ".metadata" not in manifest.files:
         raise CheckpointCorrupt(f"{directory}: manifest lists no .metadata (not a DCP checkpoint)")
@@ -147,8 +155,15 @@ def verify(directory: Path, checksums: bool = True) -> Manifest:
             raise CheckpointCorrupt(
                 f"{path}: size {size} bytes, manifest says {entry.size_bytes} (truncated or altered)"
             )
-        if checksums and checksum_file(path, manifest.checksum_algorithm) != entry.checksum:
+    return manifest
+
+
+def verify_checksums(directory: Path, manifest: Manifest, files: list[str]) -> None:
+    """Check the given files (relative paths listed in the manifest) against their checksums;
+    ranks that resume together each check a share (see CheckpointHook)."""
+    for rel in files:
+        path = directory / rel
+        if checksum_file(path, manifest.checksum_algorithm) != manifest.files[rel].checksum:
             raise CheckpointCorrupt(
                 f"{path}: {manifest.checksum_algorithm} checksum differs from the manifest (altered)"
             )
-    return manifest

@@ -1,0 +1,103 @@
+"""Which checkpoint a starting job resumes from, verified by all its ranks together.
+
+Rank 0 removes torn `.tmp` saves and lists the candidates in the order they are tried: the
+run's own committed checkpoints, newest first (a requeued or relaunched job continues its
+run), then `checkpoint.resume_from` (a checkpoint, or a run directory: its newest). Then every
+rank checks the sizes of all files (no file is read) and the checksums of its share of them,
+and the ranks agree through one gather per candidate: a rank reads about 1/world of the
+checkpoint, instead of rank 0 reading all of it while the others wait. A corrupt candidate
+is skipped with a warning where fallback is allowed (`checkpoint.on_corrupt=fallback`, the
+run's own checkpoints only), and stops the job otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from toolkit.checkpoint.discovery import committed_steps, remove_torn
+from toolkit.checkpoint.layout import committed_path
+from toolkit.checkpoint.manifest import CheckpointCorrupt, verify_checksums, verify_sizes
+from toolkit.checkpoint.storage import Storage
+from toolkit.config.checkpoint import CheckpointConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    path: Path
+    fallback: bool  # when corrupt: try the next candidate (True) or stop the job
+    hint: str = ""  # appended to the error when corrupt and no fallback
+
+
+def candidates(storage: Storage, root: Path, cfg: CheckpointConfig) -> list[Candidate]:
+    """The checkpoints to try, in order (rank 0, at start, before any save)."""
+    remove_torn(storage, root)
+    if not (cfg.resume or cfg.resume_from):
+        return []
+    fallback = cfg.on_corrupt == "fallback"
+    hint = (
+        ""
+        if fallback
+        else "; checkpoint.on_corrupt=fail (use fallback to resume from an older one)"
+    )
+    own = [
+        Candidate(committed_path(root, step), fallback, hint)
+        for step in reversed(committed_steps(storage, root))
+    ]
+    if own and cfg.resume_from:
+        log.info("run dir has committed checkpoints; ignoring checkpoint.resume_from")
+    if not cfg.resume_from:
+        return own
+    explicit = Path(cfg.resume_from).expanduser().resolve()
+    if (explicit / "checkpoints").is_dir():  # a run directory: its newest
+        steps = committed_steps(storage, explicit / "checkpoints")
+        if not steps:
+            raise CheckpointCorrupt(f"checkpoint.resume_from={explicit}: no committed checkpoint")
+        explicit = committed_path(explicit / "checkpoints", steps[-1])
+    return [*own, Candidate(explicit, False)]
+
+
+def choose_together(
+    options: list[Candidate], checksums: bool, rank: int, world_size: int, group: Any = None
+) -> Path | None:
+    """The first candidate that every rank found intact (call on all ranks with the same
+    list). Raises CheckpointCorrupt on all ranks when one without fallback is corrupt, and
+    RuntimeError when a rank could not check its share for another reason."""
+    for option in options:
+        problem = _check_share(option.path, checksums, rank, world_size)
+        problems: list[Any] = [problem] * world_size
+        if world_size > 1:
+            dist.all_gather_object(problems, problem, group=group)
+        errors = [p[1] for p in problems if p is not None and p[0] == "error"]
+        if errors:
+            raise RuntimeError(f"cannot check checkpoint {option.path}: {errors[0]}")
+        corrupt = sorted({p[1] for p in problems if p is not None})
+        if not corrupt:
+            return option.path
+        if not option.fallback:
+            raise CheckpointCorrupt(corrupt[0] + option.hint)
+        if rank == 0:
+            log.warning(
+                "skipping corrupt checkpoint: %s; falling back to an older one", "; ".join(corrupt)
+            )
+    return None
+
+
+def _check_share(path: Path, checksums: bool, rank: int, world_size: int) -> tuple[str, str] | None:
+    """None if intact as far as this rank checked: every file's size, and the checksums of
+    every world_size-th file from this rank's index on."""
+    try:
+        manifest = verify_sizes(path)
+        if checksums:
+            verify_checksums(path, manifest, sorted(manifest.files)[rank::world_size])
+    except CheckpointCorrupt as exc:
+        return ("corrupt", str(exc))
+    except Exception as exc:  # noqa: BLE001 - every rank must reach the gather
+        return ("error", f"rank {rank}: {type(exc).__name__}: {exc}")
+    return None
