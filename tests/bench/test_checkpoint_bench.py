@@ -1,0 +1,53 @@
+"""The checkpoint benchmarks run end to end on tiny inputs and report what they measured."""
+
+import json
+
+import torch
+
+from toolkit.bench.checkpoint import main as checkpoint_bench
+from toolkit.bench.checkpoint import summarize_stall
+from toolkit.bench.checkpoint_writer import write_copy
+
+
+def test_the_writer_benchmark_writes_exactly_the_state_bytes(tmp_path):
+    tensors = [torch.randn(1000), torch.arange(77, dtype=torch.int64)]
+    write_copy(tensors, str(tmp_path / "copy.bin"))
+    expected = b"".join(t.numpy().tobytes() for t in tensors)
+    assert (tmp_path / "copy.bin").read_bytes() == expected
+
+
+def test_cpu_cost_reports_every_piece_of_a_save(tmp_path, capsys):
+    out = tmp_path / "cpu.json"
+    assert (
+        checkpoint_bench(
+            ["cpu", "--gb", "0.02", "--reps", "1", "--dir", str(tmp_path), "--json", str(out)]
+        )
+        == 0
+    )
+
+    rows = {r["piece"]: r for r in json.loads(out.read_text())}
+    assert "toolkit writer, O_DIRECT (direct_io=true)" in rows
+    assert "plain write + fsync (baseline)" in rows
+    assert all(r["wall_s_per_GB"] > 0 and r["GB"] > 0.01 for r in rows.values())
+
+
+def test_stall_runs_every_mode_and_summarizes_lost_time(tmp_path):
+    out = tmp_path / "stall.json"
+    argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
+    assert checkpoint_bench([*argv, "--dir", str(tmp_path), "--json", str(out)]) == 0
+
+    result = json.loads(out.read_text())
+    windows = result["raw"]["window_s"]
+    assert set(windows) == {
+        "none",
+        "raw-bg",
+        "async-idle-overlap-direct",
+        "async-idle-overlap-buffered",
+        "sync",
+    }
+    saves = result["raw"]["async_saves"]["async-idle-overlap-direct"]
+    assert saves[0]["error"] is None and saves[0]["direct_io"] is True
+    assert result["raw"]["async_saves"]["async-idle-overlap-buffered"][0]["direct_io"] is False
+    summary = summarize_stall(result["raw"])
+    assert summary["async-idle-overlap-direct"]["blocked_s"] >= 0
+    assert summary["checkpoint_GB"] > 0
