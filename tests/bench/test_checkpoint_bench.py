@@ -6,6 +6,7 @@ import torch
 
 from toolkit.bench.checkpoint import main as checkpoint_bench
 from toolkit.bench.checkpoint import summarize_stall
+from toolkit.bench.checkpoint_writer import run as writer_bench
 from toolkit.bench.checkpoint_writer import write_copy
 
 
@@ -51,3 +52,19 @@ def test_stall_runs_every_mode_and_summarizes_lost_time(tmp_path):
     summary = summarize_stall(result["raw"])
     assert summary["async-idle-overlap-direct"]["blocked_s"] >= 0
     assert summary["checkpoint_GB"] > 0
+
+
+def test_the_writer_benchmark_times_every_mode_against_the_bare_steps(tmp_path, monkeypatch):
+    for name in (
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        monkeypatch.setenv(name, "")  # it sets them for its one rank: restored afterwards
+    result = writer_bench(trials=1, steps=1, out=tmp_path, model="gpt_tiny")
+    assert set(result["window_s"]) == {"none", "copy", "thread", "process"}
+    assert set(result["lost_s"]) == {"copy", "thread", "process"}
+    assert result["bytes"] > 0 and all(len(v) == 1 for v in result["window_s"].values())

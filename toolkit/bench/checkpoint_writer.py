@@ -2,7 +2,7 @@
 
     TOOLKIT_CPUS_PER_TASK=1 python -m toolkit.bench.checkpoint_writer [--trials 6] [--steps 2]
 
-One rank trains (gpt_125m, synthetic data, one intra-op thread, so a core is left free, as on
+One rank trains (`--model`, default gpt_125m; synthetic data, one intra-op thread, so a core is left free, as on
 a GPU node) and, in rotating order per trial, a window of `--steps` steps runs: with nothing
 in the background (the baseline); while a thread of the training process writes a copy of
 the model and optimizer state the way the checkpoint writer does (`DirectFile`: O_DIRECT,
@@ -67,7 +67,7 @@ def _thread_writer(tensors: list[Any], path: str) -> None:
     write_copy(tensors, path)
 
 
-def run(trials: int, steps: int, out: Path) -> dict[str, Any]:
+def run(trials: int, steps: int, out: Path, model: str = "gpt_125m") -> dict[str, Any]:
     os.environ.update(
         RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1"
     )
@@ -75,7 +75,7 @@ def run(trials: int, steps: int, out: Path) -> dict[str, Any]:
     import torch.multiprocessing as mp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from toolkit.bench.checkpoint import _local_tensors
+    from toolkit.bench.checkpoint import _local_tensors, train_one_step
     from toolkit.config.compose import compose_raw, to_job
     from toolkit.distributed.env import discover, free_port
     from toolkit.distributed.init import init_distributed, shutdown_distributed
@@ -85,7 +85,7 @@ def run(trials: int, steps: int, out: Path) -> dict[str, Any]:
     job = to_job(
         compose_raw(
             [
-                "model=gpt_125m",
+                f"model={model}",
                 "data=synthetic",
                 "data.seq_len=64",
                 "trainer.global_batch_size=4",
@@ -98,13 +98,8 @@ def run(trials: int, steps: int, out: Path) -> dict[str, Any]:
     device = init_distributed(env, 600)
     trainer = build_trainer(job, env, out / "run", device)
 
-    def step() -> None:
-        _, micro = next(trainer.loader)
-        trainer.train_step(micro)
-        trainer.state.step += 1
-
     for _ in range(2):  # warm-up: allocation, optimizer state
-        step()
+        train_one_step(trainer)
     m, o = get_state_dict(trainer.model, trainer.optimizer)
     live = _local_tensors([m, o])
     copy = [t.detach().clone().contiguous().share_memory_() for t in live]
@@ -129,7 +124,7 @@ def run(trials: int, steps: int, out: Path) -> dict[str, Any]:
                 elif mode == "process":
                     jobs.put(path)
                 for _ in range(steps):
-                    step()
+                    train_one_step(trainer)
                 if thread is not None:
                     thread.join()
                 if mode == "process":
@@ -155,12 +150,13 @@ def run(trials: int, steps: int, out: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.bench.checkpoint_writer")
+    parser.add_argument("--model", default="gpt_125m")
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--dir", default=None, help="where the copies are written")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-writer-", dir=args.dir) as out:
-        result = run(args.trials, args.steps, Path(out))
+        result = run(args.trials, args.steps, Path(out), args.model)
     print(json.dumps(result, indent=1))
     return 0
 
