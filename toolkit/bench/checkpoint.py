@@ -95,6 +95,47 @@ class BackgroundRawWrite:
         self.thread.join()
 
 
+def discarding_storage() -> Any:
+    """For the `null` stall variant: the toolkit's save path end to end (state dict, staging,
+    DCP planning and collectives, commit) with the shard bytes thrown away instead of
+    written, so that the save's cost without the write can be compared with the whole."""
+    import contextlib
+    import io
+
+    from toolkit.checkpoint.storage import GuardedFileSystem, LocalStorage
+
+    class _Discard(io.RawIOBase):
+        def __init__(self) -> None:
+            self.pos = 0
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            self.pos += memoryview(data).nbytes
+            return memoryview(data).nbytes
+
+        def tell(self) -> int:
+            return self.pos
+
+    class _DiscardingFileSystem(GuardedFileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Any:
+            if "w" in mode and str(path).endswith(".distcp"):
+                yield _Discard()
+            else:
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+
+    class _DiscardingStorage(LocalStorage):
+        def dcp_writer(self, path: Path) -> Any:
+            writer = super().dcp_writer(path)
+            writer.fs = _DiscardingFileSystem()
+            return writer
+
+    return _DiscardingStorage()
+
+
 def cpu_seconds() -> dict[str, float]:
     """Machine-wide CPU time by kind since boot (/proc/stat), and this process's own."""
     fields = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -184,7 +225,7 @@ def stall_worker(
     root = Path(out_dir)
     trainer = build_trainer(job, env, root / "run", device)
     ckpts = {}
-    for variant in variants:  # "<writer priority>:<overlap|copy>[:<direct|buffered>]"
+    for variant in variants:  # "<writer priority>:<overlap|copy>[:<direct|buffered|null>]"
         priority, staging, io = (variant + ":direct").split(":")[:3]
         cfg = replace(
             job.checkpoint,
@@ -193,9 +234,8 @@ def stall_worker(
             direct_io=io == "direct",
         )
         name = f"async-{priority}-{staging}-{io}"
-        ckpts[name] = Checkpointer(
-            cfg, root / f"ckpt-{name}", LocalStorage(cfg.direct_io), {}, "bench", device
-        )
+        storage = discarding_storage() if io == "null" else LocalStorage(cfg.direct_io)
+        ckpts[name] = Checkpointer(cfg, root / f"ckpt-{name}", storage, {}, "bench", device)
     # What the checkpoint hook does in the loop: an overlapped copy finishes before the
     # optimizer step changes the state.
     trainer.hooks.append(_WaitStaged(list(ckpts.values())))
@@ -293,7 +333,7 @@ def stall_worker(
             "sync_save_s": sync_s,
             "raw_background": raw_bg,
             "cpu_s": cpu,
-            "checkpoint_bytes": next(s["size_bytes"] for v in saves.values() for s in v),
+            "checkpoint_bytes": max(s["size_bytes"] for v in saves.values() for s in v),
             "raw_write": {"bytes": total_raw, "seconds": slowest_raw},
         }
         (root / RESULT).write_text(json.dumps(result, indent=1))
@@ -560,8 +600,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument(
         "--variants",
         default="idle:overlap:direct,idle:overlap:buffered",
-        help="async modes, each <checkpoint.writer_priority>:<overlap|copy>[:<direct|buffered>]"
-        " (overlap_staging, direct_io; default direct)",
+        help="async modes, each <checkpoint.writer_priority>:<overlap|copy>[:<direct|buffered|null>]"
+        " (overlap_staging, direct_io; default direct; null: DCP's whole save path, but the"
+        " shard bytes are discarded instead of written)",
     )
     c = sub.add_parser("cpu")
     c.add_argument("--gb", type=float, default=1.0)
