@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from toolkit.checkpoint.discovery import latest_valid, remove_torn
+from toolkit.checkpoint.discovery import remove_torn
 from toolkit.checkpoint.layout import MANIFEST, committed_path, tmp_path
 from toolkit.checkpoint.manifest import (
     CheckpointCorrupt,
@@ -16,6 +16,7 @@ from toolkit.checkpoint.manifest import (
     checksum_file,
     verify,
 )
+from toolkit.checkpoint.resume import latest_valid
 from toolkit.checkpoint.storage import LocalStorage, SafeFileSystemReader
 
 
@@ -83,8 +84,7 @@ def test_latest_skips_torn_and_corrupt(tmp_path, caplog):
     bad = make_checkpoint(tmp_path, 4)
     (bad / "__0_0.distcp").write_bytes(b"")
     tmp_path_6 = tmp_path_of(tmp_path, 6)
-    path, manifest = latest_valid(LocalStorage(), tmp_path)
-    assert path == committed_path(tmp_path, 2) and manifest.step == 2
+    assert latest_valid(LocalStorage(), tmp_path) == committed_path(tmp_path, 2)
     assert "step-00000004/__0_0.distcp" in caplog.text
     with pytest.raises(CheckpointCorrupt, match="on_corrupt=fail"):
         latest_valid(LocalStorage(), tmp_path, fallback=False)

@@ -46,8 +46,7 @@ class DirectFile(io.RawIOBase):
         except OSError:
             self._buffer.close()
             raise
-        self._view = memoryview(self._buffer)
-        self._array = np.frombuffer(self._buffer, dtype=np.uint8)
+        self._array = np.frombuffer(self._buffer, dtype=np.uint8)  # os.write takes it as is
         self._fill = 0
         self._pos = 0
         self.checksum = checksum  # updated with every byte written, if given
@@ -90,14 +89,13 @@ class DirectFile(io.RawIOBase):
 
     def _write_out(self, size: int) -> None:
         done = 0
-        with self._view[:size] as whole:  # released even when a write fails
-            while done < size:
-                written = os.write(self._fd, whole[done:])
-                if written <= 0:  # the kernel reports a full disk as an error, not as 0
-                    raise OSError(errno.EIO, "write returned 0")
-                done += written
-                if done < size:  # short (disk full?): the rest is unaligned, so that the
-                    self._buffered()  # next write reports the real error (ENOSPC), not EINVAL
+        while done < size:
+            written = os.write(self._fd, self._array[done:size])
+            if written <= 0:  # the kernel reports a full disk as an error, not as 0
+                raise OSError(errno.EIO, "write returned 0")
+            done += written
+            if done < size:  # short (disk full?): the rest is unaligned, so that the
+                self._buffered()  # next write reports the real error (ENOSPC), not EINVAL
 
     def _buffered(self) -> None:
         """Switch O_DIRECT off for the rest of the file."""
@@ -112,7 +110,7 @@ class DirectFile(io.RawIOBase):
                 whole = self._fill - self._fill % ALIGN
                 if whole:
                     self._write_out(whole)
-                    self._view[: self._fill - whole] = self._view[whole : self._fill]
+                    self._array[: self._fill - whole] = self._array[whole : self._fill]
                     self._fill -= whole
                 if self._fill:  # the unaligned tail: buffered, so no padding reaches the file
                     self._buffered()
@@ -122,7 +120,6 @@ class DirectFile(io.RawIOBase):
         finally:
             os.close(self._fd)
             del self._array  # a buffer export: the mapping cannot close while it lives
-            self._view.release()
             # After a failed write, the traceback may still hold a view of the buffer; the
             # mapping is then unmapped when that goes.
             with suppress(BufferError):

@@ -1,5 +1,5 @@
-"""Finding checkpoints: only committed directories whose manifest verifies count; torn
-`.tmp` directories left by a killed save are never chosen and are removed at start."""
+"""Listing checkpoints: committed `step-N` directories, and torn `.tmp` ones left by a killed
+save, which are never chosen and are removed at start (toolkit.checkpoint.resume verifies)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 from pathlib import Path
 
 from toolkit.checkpoint.layout import parse_step, parse_tmp_step
-from toolkit.checkpoint.manifest import CheckpointCorrupt, Manifest, verify
 from toolkit.checkpoint.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -31,23 +30,3 @@ def remove_torn(storage: Storage, root: Path) -> list[Path]:
         storage.remove(path)
         removed.append(path)
     return removed
-
-
-def latest_valid(
-    storage: Storage, root: Path, *, checksums: bool = True, fallback: bool = True
-) -> tuple[Path, Manifest] | None:
-    """The newest committed checkpoint whose manifest verifies. A corrupt one is skipped
-    with a warning naming the bad file (fallback) or raises CheckpointCorrupt (no fallback)."""
-    from toolkit.checkpoint.layout import committed_path
-
-    for step in reversed(committed_steps(storage, root)):
-        path = committed_path(root, step)
-        try:
-            return path, verify(path, checksums)
-        except CheckpointCorrupt as exc:
-            if not fallback:
-                raise CheckpointCorrupt(
-                    f"{exc}; checkpoint.on_corrupt=fail (use fallback to resume from an older one)"
-                ) from None
-            log.warning("skipping corrupt checkpoint: %s; falling back to an older one", exc)
-    return None

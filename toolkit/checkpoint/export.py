@@ -10,9 +10,9 @@ import torch
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-from toolkit.checkpoint.discovery import latest_valid
 from toolkit.checkpoint.layout import checkpoints_dir
 from toolkit.checkpoint.manifest import CheckpointCorrupt, verify
+from toolkit.checkpoint.resume import latest_valid
 from toolkit.checkpoint.storage import LocalStorage, SafeFileSystemReader
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def resolve_checkpoint(path: Path) -> Path:
             raise CheckpointCorrupt(
                 f"{path}: no committed checkpoint under {checkpoints_dir(path)}"
             )
-        return found[0]
+        return found
     verify(path)
     return path
 

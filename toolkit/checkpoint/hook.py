@@ -114,8 +114,10 @@ class CheckpointHook:
             raise RuntimeError(f"cannot resume: {plan[1]}")
         try:
             path = choose_together(plan[0], self.cfg.verify, rank, world_size)
-        except (CheckpointCorrupt, RuntimeError) as exc:
-            raise RuntimeError(f"cannot resume: {type(exc).__name__}: {exc}") from None
+        except CheckpointCorrupt as exc:
+            raise RuntimeError(f"cannot resume: CheckpointCorrupt: {exc}") from None
+        except RuntimeError as exc:  # a rank could not check its share; the message says so
+            raise RuntimeError(f"cannot resume: {exc}") from None
         self._verify_s = time.perf_counter() - t0
         return None if path is None else str(path)
 

@@ -35,21 +35,24 @@ class Candidate:
     hint: str = ""  # appended to the error when corrupt and no fallback
 
 
+_FAIL_HINT = "; checkpoint.on_corrupt=fail (use fallback to resume from an older one)"
+
+
+def newest_first(storage: Storage, root: Path, fallback: bool) -> list[Candidate]:
+    """The committed checkpoints under `root`, newest first, as candidates."""
+    hint = "" if fallback else _FAIL_HINT
+    return [
+        Candidate(committed_path(root, step), fallback, hint)
+        for step in reversed(committed_steps(storage, root))
+    ]
+
+
 def candidates(storage: Storage, root: Path, cfg: CheckpointConfig) -> list[Candidate]:
     """The checkpoints to try, in order (rank 0, at start, before any save)."""
     remove_torn(storage, root)
     if not (cfg.resume or cfg.resume_from):
         return []
-    fallback = cfg.on_corrupt == "fallback"
-    hint = (
-        ""
-        if fallback
-        else "; checkpoint.on_corrupt=fail (use fallback to resume from an older one)"
-    )
-    own = [
-        Candidate(committed_path(root, step), fallback, hint)
-        for step in reversed(committed_steps(storage, root))
-    ]
+    own = newest_first(storage, root, fallback=cfg.on_corrupt == "fallback")
     if own and cfg.resume_from:
         log.info("run dir has committed checkpoints; ignoring checkpoint.resume_from")
     if not cfg.resume_from:
@@ -61,6 +64,15 @@ def candidates(storage: Storage, root: Path, cfg: CheckpointConfig) -> list[Cand
             raise CheckpointCorrupt(f"checkpoint.resume_from={explicit}: no committed checkpoint")
         explicit = committed_path(explicit / "checkpoints", steps[-1])
     return [*own, Candidate(explicit, False)]
+
+
+def latest_valid(
+    storage: Storage, root: Path, *, checksums: bool = True, fallback: bool = True
+) -> Path | None:
+    """The newest committed checkpoint under `root` that verifies, checked by this process
+    alone (no process group: post-run tools). A corrupt one is skipped with a warning naming
+    the bad file (fallback) or raises CheckpointCorrupt (no fallback)."""
+    return choose_together(newest_first(storage, root, fallback), checksums, rank=0, world_size=1)
 
 
 def choose_together(
