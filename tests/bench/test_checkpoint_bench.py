@@ -70,12 +70,16 @@ def test_the_writer_benchmark_times_every_mode_against_the_bare_steps(tmp_path, 
     assert result["bytes"] > 0 and all(len(v) == 1 for v in result["window_s"].values())
 
 
-def test_the_null_variant_runs_the_save_path_without_writing_the_shards(tmp_path):
+def test_the_null_and_dcp_stager_variants_run_the_same_save_path(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
-    argv += ["--variants", "idle:overlap:direct,idle:overlap:null", "--json", str(out)]
+    variants = "idle:overlap:direct,idle:overlap:null,idle:overlap:direct:dcp"
+    argv += ["--variants", variants, "--json", str(out)]
     assert checkpoint_bench([*argv, "--dir", str(tmp_path)]) == 0
     saves = json.loads(out.read_text())["raw"]["async_saves"]
     direct, null = saves["async-idle-overlap-direct"][0], saves["async-idle-overlap-null"][0]
     assert direct["error"] is None and null["error"] is None
     assert null["size_bytes"] < direct["size_bytes"] / 10  # only .metadata and JSON on disk
+    baseline = saves["async-idle-overlap-direct-dcpstager"][0]  # DCP's own stager
+    assert baseline["error"] is None
+    assert abs(baseline["size_bytes"] - direct["size_bytes"]) < 100  # .metadata names its dir

@@ -136,6 +136,14 @@ def discarding_storage() -> Any:
     return _DiscardingStorage()
 
 
+def dcp_stager(overlap: bool) -> Any:
+    """Baseline for the `dcp` stall variant: DCP's DefaultStager on CPU, as the toolkit
+    configured it before toolkit.checkpoint.staging (storage copies that hold the GIL)."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    return DefaultStager(StagingOptions(False, False, overlap, False))
+
+
 def cpu_seconds() -> dict[str, float]:
     """Machine-wide CPU time by kind since boot (/proc/stat), and this process's own."""
     fields = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -225,17 +233,20 @@ def stall_worker(
     root = Path(out_dir)
     trainer = build_trainer(job, env, root / "run", device)
     ckpts = {}
-    for variant in variants:  # "<writer priority>:<overlap|copy>[:<direct|buffered|null>]"
-        priority, staging, io = (variant + ":direct").split(":")[:3]
+    for variant in variants:  # "<priority>:<overlap|copy>[:<direct|buffered|null>[:dcp]]"
+        priority, staging, io, stager = (variant + ":direct:toolkit").split(":")[:4]
         cfg = replace(
             job.checkpoint,
             writer_priority=priority,
             overlap_staging=staging == "overlap",
             direct_io=io == "direct",
         )
-        name = f"async-{priority}-{staging}-{io}"
+        name = f"async-{priority}-{staging}-{io}" + ("-dcpstager" if stager == "dcp" else "")
         storage = discarding_storage() if io == "null" else LocalStorage(cfg.direct_io)
         ckpts[name] = Checkpointer(cfg, root / f"ckpt-{name}", storage, {}, "bench", device)
+        if stager == "dcp" and ckpts[name]._stager is not None:
+            ckpts[name]._stager.close()  # baseline: DCP's own stager (its copies hold the GIL)
+            ckpts[name]._stager = dcp_stager(cfg.overlap_staging)
     # What the checkpoint hook does in the loop: an overlapped copy finishes before the
     # optimizer step changes the state.
     trainer.hooks.append(_WaitStaged(list(ckpts.values())))
@@ -600,9 +611,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument(
         "--variants",
         default="idle:overlap:direct,idle:overlap:buffered",
-        help="async modes, each <checkpoint.writer_priority>:<overlap|copy>[:<direct|buffered|null>]"
-        " (overlap_staging, direct_io; default direct; null: DCP's whole save path, but the"
-        " shard bytes are discarded instead of written)",
+        help="async modes, each <checkpoint.writer_priority>:<overlap|copy>[:<direct|buffered|null>"
+        "[:dcp]] (overlap_staging, direct_io; default direct; null: DCP's whole save path, but"
+        " the shard bytes are discarded instead of written; dcp: DCP's own stager, whose copies"
+        " hold the GIL, instead of the toolkit's)",
     )
     c = sub.add_parser("cpu")
     c.add_argument("--gb", type=float, default=1.0)

@@ -4,8 +4,9 @@ A save: every rank writes its RNG state (JSON) and its shards into `step-<N>.tmp
 also writes the trainer state and config (JSON). With `async_save`, the training thread
 waits only for the previous save (at most one in flight) and for the copy of the state into
 CPU memory (pinned on GPU); with `overlap_staging` the copy runs in a staging thread during
-the next step's forward/backward and the trainer waits for it before the optimizer step
-(`wait_staged`), the first moment the saved tensors change. DCP writes in a background thread over a gloo group of its own,
+the next step's forward/backward, without holding the GIL (toolkit.checkpoint.staging), and
+the trainer waits for it before the optimizer step (`wait_staged`), the first moment the
+saved tensors change. DCP writes in a background thread over a gloo group of its own,
 so its collectives never interleave with training's. A commit worker per rank waits for the
 write (the writer checksums each shard as it writes it, around the page cache where the
 filesystem allows: see toolkit.checkpoint.directio); rank 0 gathers the checksums, writes the
@@ -33,7 +34,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
@@ -49,6 +49,7 @@ from toolkit.checkpoint.layout import (
 from toolkit.checkpoint.manifest import FileEntry, build_manifest, describe_files
 from toolkit.checkpoint.priority import lower_this_thread
 from toolkit.checkpoint.retention import Purger, steps_to_delete
+from toolkit.checkpoint.staging import build_stager
 from toolkit.checkpoint.state import capture_rng, mismatches, tensor_shapes, to_json_bytes
 from toolkit.checkpoint.storage import Storage
 from toolkit.config.checkpoint import CheckpointConfig
@@ -85,23 +86,6 @@ class SaveResult:
 _STOP = object()
 
 
-def _stager(device: torch.device, overlap: bool) -> DefaultStager:
-    """Copy into CPU memory (pinned, with non-blocking copies on a side stream on GPU), on
-    the training thread or, with `overlap`, in a staging thread while the next step's
-    forward/backward runs. The stager keeps its CPU buffers and reuses them for the next
-    save; that is safe only because a save starts after the previous one finished writing
-    (one in flight)."""
-    cuda = device.type == "cuda"
-    return DefaultStager(
-        StagingOptions(
-            use_pinned_memory=cuda,
-            use_shared_memory=False,
-            use_async_staging=overlap,
-            use_non_blocking_copy=cuda,
-        )
-    )
-
-
 class Checkpointer:
     """Saves and loads one rank's share of the training state. Create it on every rank at
     the same point (it creates a process group), call `save`/`wait`/`close` on all ranks."""
@@ -126,7 +110,7 @@ class Checkpointer:
         # DCP's background collectives get a gloo group of their own (async needs a CPU
         # backend, and they must not interleave with training collectives on the default group).
         self.pg = dist.new_group(backend="gloo")
-        self._stager = _stager(device, cfg.overlap_staging) if cfg.async_save else None
+        self._stager = build_stager(device, cfg.overlap_staging) if cfg.async_save else None
         self._pending: SaveResult | None = None
         self._finished: list[SaveResult] = []
         self._lock = threading.Lock()

@@ -1,0 +1,76 @@
+"""Copying the training state into CPU memory for an async save, without holding the GIL.
+
+DCP's DefaultStager copies each tensor's storage with `UntypedStorage.copy_`, which holds the
+GIL for the whole copy: while the staging thread copies a 150 MB embedding, the training
+thread cannot run a line of Python (measured on the dev VM: a 600 MB storage copy in a thread
+stopped the main thread for 54-187 ms; the same copy as a tensor `copy_` for 0-20 ms). With
+1.97 GB of model and optimizer state, that is a few hundred milliseconds of training lost per
+checkpoint even with a spare core for the copy. `StateStager` keeps DCP's stager (its walk
+over the state dict, DTensor handling, cached buffers reused from one save to the next,
+pinned memory on GPU) and copies each storage as a byte tensor instead, which torch does with
+the GIL released.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+log = logging.getLogger(__name__)
+
+try:  # the hook is private to DCP (torch >= 2.8): without it, DCP's own copies are used
+    from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+except ImportError:  # pragma: no cover - older torch
+    StateDictStager = None  # type: ignore[assignment,misc]
+
+
+def as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A 1-D uint8 tensor over all of `storage` (no copy)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+if StateDictStager is not None:
+
+    class _GilFreeStorageStager(StateDictStager):
+        """DCP's StateDictStager with its one storage copy done as a tensor copy."""
+
+        def _stage_untyped_storage(
+            self, storage: torch.UntypedStorage, non_blocking: bool = False
+        ) -> torch.UntypedStorage:
+            cached = self._cached_storage_mapping.get(storage)
+            if cached is None or cached.nbytes() != storage.nbytes():
+                pin = self.pin_memory and storage.nbytes() >= self.pin_memory_min_bytes
+                cached = torch.empty(
+                    storage.nbytes(), dtype=torch.uint8, pin_memory=pin
+                ).untyped_storage()
+                self._cached_storage_mapping[storage] = cached
+            as_bytes(cached).copy_(as_bytes(storage), non_blocking=non_blocking)
+            return cached
+
+
+def build_stager(device: torch.device, overlap: bool) -> DefaultStager:
+    """Copy into CPU memory (pinned, with non-blocking copies on a side stream on GPU), on
+    the training thread or, with `overlap`, in a staging thread while the next step's
+    forward/backward runs. The stager keeps its CPU buffers and reuses them for the next
+    save; that is safe only because a save starts after the previous one finished writing
+    (one in flight)."""
+    cuda = device.type == "cuda"
+    stager = DefaultStager(
+        StagingOptions(
+            use_pinned_memory=cuda,
+            use_shared_memory=False,
+            use_async_staging=overlap,
+            use_non_blocking_copy=cuda,
+        )
+    )
+    if StateDictStager is not None and isinstance(
+        getattr(stager, "_state_dict_stager", None), StateDictStager
+    ):
+        old = stager._state_dict_stager
+        stager._state_dict_stager = _GilFreeStorageStager(pin_memory=old.pin_memory)
+        old.close()
+    else:  # pragma: no cover - another torch layout
+        log.warning("DCP's stager has no storage hook here: staging copies hold the GIL")
+    return stager
