@@ -83,3 +83,14 @@ def test_the_null_and_dcp_stager_variants_run_the_same_save_path(tmp_path):
     baseline = saves["async-idle-overlap-direct-dcpstager"][0]  # DCP's own stager
     assert baseline["error"] is None
     assert abs(baseline["size_bytes"] - direct["size_bytes"]) < 100  # .metadata names its dir
+
+
+def test_gil_benchmark_times_both_stagers_on_the_training_thread(tmp_path):
+    out = tmp_path / "gil.json"
+    argv = ["gil", "--model", "gpt_tiny", "--reps", "1", "--dir", str(tmp_path), "--json", str(out)]
+    assert checkpoint_bench(argv) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert set(summary) == {"toolkit", "dcp", "toolkit-null"}
+    for row in summary.values():
+        assert row["committed_s"] > 0
+        assert 0 < row["save_returned_s"] <= row["kept_out_whole_save_s"] <= row["committed_s"]

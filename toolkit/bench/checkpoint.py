@@ -5,6 +5,7 @@ the first resumed step as checkpoints grow.
     python -m toolkit.bench.checkpoint stall  [--model gpt_125m] [--ranks 2] [--trials 5]
     python -m toolkit.bench.checkpoint resume [--models gpt_tiny,gpt_small,gpt_125m]
     python -m toolkit.bench.checkpoint cpu    [--gb 1] [--reps 3]
+    python -m toolkit.bench.checkpoint gil    [--model gpt_125m] [--reps 3]
 
 Stall: in each trial the same ranks run N steps several ways, in rotating order: no
 checkpoint; an async save (`Checkpointer.save`, the training hook's code path) after the
@@ -201,6 +202,41 @@ class _WaitStaged:
         pass
 
 
+def start_rank(rank: int, world: int, port: int, job: Any, out_dir: str) -> tuple[Any, Any]:
+    """This process as rank `rank` of `world` on this machine: process group, trainer, device."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    from toolkit.distributed.env import discover
+    from toolkit.distributed.init import init_distributed
+    from toolkit.train.task import build_trainer
+
+    env = discover()
+    device = init_distributed(env, 1800)
+    return build_trainer(job, env, Path(out_dir) / "run", device), device
+
+
+def bench_job(model: str, seq_len: int = 64, global_batch: int = 4) -> tuple[list[str], Any]:
+    """The benchmarks' job: `model` on synthetic data, checkpointing on; (overrides, job)."""
+    from toolkit.config.compose import compose_raw, to_job
+
+    overrides = [
+        f"model={model}",
+        "data=synthetic",
+        f"data.seq_len={seq_len}",
+        f"trainer.global_batch_size={global_batch}",
+        "data.prefetch=0",
+        "checkpoint.enabled=true",
+        "trainer.progress=false",
+    ]
+    return overrides, to_job(compose_raw(overrides))
+
+
 def stall_worker(
     rank: int,
     world: int,
@@ -211,27 +247,15 @@ def stall_worker(
     steps: int,
     variants: list[str],
 ) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    trainer, device = start_rank(rank, world, port, job, out_dir)
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     from toolkit.checkpoint.checkpointer import Checkpointer
     from toolkit.checkpoint.storage import LocalStorage
-    from toolkit.distributed.env import discover
-    from toolkit.distributed.init import init_distributed, shutdown_distributed
-    from toolkit.train.task import build_trainer
+    from toolkit.distributed.init import shutdown_distributed
 
-    env = discover()
-    device = init_distributed(env, 1800)
     root = Path(out_dir)
-    trainer = build_trainer(job, env, root / "run", device)
     ckpts = {}
     for variant in variants:  # "<priority>:<overlap|copy>[:<direct|buffered|null>[:dcp]]"
         priority, staging, io, stager = (variant + ":direct:toolkit").split(":")[:4]
@@ -402,19 +426,9 @@ def summarize_stall(r: dict[str, Any]) -> dict[str, Any]:
 def run_stall(args: argparse.Namespace) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
-    from toolkit.config.compose import compose_raw, to_job
     from toolkit.distributed.env import free_port
 
-    overrides = [
-        f"model={args.model}",
-        "data=synthetic",
-        f"data.seq_len={args.seq_len}",
-        f"trainer.global_batch_size={args.global_batch}",
-        "data.prefetch=0",
-        "checkpoint.enabled=true",
-        "trainer.progress=false",
-    ]
-    job = to_job(compose_raw(overrides))
+    overrides, job = bench_job(args.model, args.seq_len, args.global_batch)
     out_dir = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=args.dir))
     try:
         mp.spawn(
@@ -434,6 +448,91 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)
     return {"overrides": overrides, "raw": raw, "summary": summarize_stall(raw)}
+
+
+# -- gil: how long a save keeps the training thread from running Python --------------------
+GIL_VARIANTS = ("toolkit", "dcp", "toolkit-null")
+
+
+def kept_out_while(busy: Any, tick_s: float = 0.001) -> float:
+    """Seconds the calling thread wanted to run Python and could not, while `busy()`: it
+    sleeps `tick_s` at a time and adds up how late it wakes (waiting for the GIL or a core)."""
+    late = 0.0
+    while busy():
+        t = time.perf_counter()
+        time.sleep(tick_s)
+        late += max(0.0, time.perf_counter() - t - tick_s * 1.1)
+    return late
+
+
+def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
+    """One rank; per repetition and variant: an async save, then the training thread's
+    stand-in (`kept_out_while`) until it committed. Variants: the toolkit's stager, DCP's own
+    (`dcp_stager`, the baseline), the toolkit's with the shard bytes discarded."""
+    trainer, device = start_rank(rank, 1, port, job, out_dir)
+    from toolkit.checkpoint.checkpointer import Checkpointer
+    from toolkit.checkpoint.storage import LocalStorage
+    from toolkit.distributed.init import shutdown_distributed
+
+    root = Path(out_dir)
+    ckpts = {}
+    for name in GIL_VARIANTS:
+        storage = discarding_storage() if name.endswith("null") else LocalStorage()
+        ckpts[name] = Checkpointer(job.checkpoint, root / name, storage, {}, "bench", device)
+        if name == "dcp" and ckpts[name]._stager is not None:
+            ckpts[name]._stager.close()
+            ckpts[name]._stager = dcp_stager(job.checkpoint.overlap_staging)
+    for _ in range(2):  # warm-up: allocation, optimizer state
+        train_one_step(trainer)
+    rows: dict[str, list[dict[str, float]]] = {n: [] for n in ckpts}
+    for rep in range(reps + 1):  # the first saves allocate the staging buffers: not counted
+        for name, ckpt in ckpts.items():
+            t0 = time.perf_counter()
+            ckpt.save(trainer.state.step, trainer.model, trainer.optimizer, {"step": 0})
+            returned = time.perf_counter() - t0
+            pending = ckpt._pending
+            staging = kept_out_while(lambda p=pending: p.staged is not None and not p.staged.done())
+            rest = kept_out_while(lambda c=ckpt: c.in_flight)
+            committed = time.perf_counter() - t0
+            ckpt.wait()
+            if rep > 0:
+                rows[name].append(
+                    {
+                        "save_returned_s": returned,
+                        "kept_out_staging_s": staging,
+                        "kept_out_whole_save_s": returned + staging + rest,
+                        "committed_s": committed,
+                    }
+                )
+            train_one_step(trainer)  # the next save copies changed tensors
+            for p in root.glob(f"{name}/step-*"):
+                shutil.rmtree(p, ignore_errors=True)
+    for c in ckpts.values():
+        c.close()
+    (root / RESULT).write_text(json.dumps(rows, indent=1))
+    shutdown_distributed()
+
+
+def run_gil(args: argparse.Namespace) -> dict[str, Any]:
+    """How long one async save keeps the training thread from running Python (the time
+    `save()` takes to return, plus how late a thread that sleeps 1 ms at a time wakes while
+    the save is staged and written), with the toolkit's stager against DCP's. Medians."""
+    import torch.multiprocessing as mp
+
+    from toolkit.distributed.env import free_port
+
+    overrides, job = bench_job(args.model)
+    out_dir = Path(tempfile.mkdtemp(prefix="bench-ckpt-gil-", dir=args.dir))
+    try:
+        mp.spawn(gil_worker, args=(free_port(), job, str(out_dir), args.reps), nprocs=1)
+        rows = json.loads((out_dir / RESULT).read_text())
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    summary = {
+        name: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        for name, runs in rows.items()
+    }
+    return {"overrides": overrides, "raw": rows, "summary": summary}
 
 
 # -- CPU cost per GB of the pieces of a save -----------------------------------------------
@@ -619,20 +718,23 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("cpu")
     c.add_argument("--gb", type=float, default=1.0)
     c.add_argument("--reps", type=int, default=3)
+    g = sub.add_parser("gil")
+    g.add_argument("--model", default="gpt_125m")
+    g.add_argument("--reps", type=int, default=3)
     r = sub.add_parser("resume")
     r.add_argument("--models", default="gpt_tiny,gpt_small,gpt_125m")
     r.add_argument("--reps", type=int, default=2)
     r.add_argument("--seq-len", type=int, default=64)
-    for p in (s, r, c):
+    for p in (s, r, c, g):
         p.add_argument(
             "--dir", default=None, help="where checkpoints are written (default: $TMPDIR)"
         )
         p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
-    runs = {"stall": run_stall, "resume": run_resume, "cpu": run_cpu_cost}
+    runs = {"stall": run_stall, "resume": run_resume, "cpu": run_cpu_cost, "gil": run_gil}
     result: Any = runs[args.what](args)
     text = json.dumps(result, indent=1)
-    print(text if args.what == "stall" else "")
+    print(text if args.what in ("stall", "gil") else "")
     if args.json:
         args.json.write_text(text)
     return 0
