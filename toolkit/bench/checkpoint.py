@@ -137,12 +137,14 @@ def discarding_storage() -> Any:
     return _DiscardingStorage()
 
 
-def dcp_stager(overlap: bool) -> Any:
-    """Baseline for the `dcp` stall variant: DCP's DefaultStager on CPU, as the toolkit
-    configured it before toolkit.checkpoint.staging (storage copies that hold the GIL)."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+def use_dcp_stager(ckpt: Any) -> None:
+    """Baseline for the `dcp` variants: `ckpt` stages with DCP's own copies, which hold the
+    GIL (as the toolkit did before toolkit.checkpoint.staging); everything else unchanged."""
+    from toolkit.checkpoint.staging import build_stager
 
-    return DefaultStager(StagingOptions(False, False, overlap, False))
+    if ckpt._stager is not None:
+        ckpt._stager.close()
+        ckpt._stager = build_stager(ckpt.device, ckpt.cfg.overlap_staging, gil_free=False)
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -268,9 +270,8 @@ def stall_worker(
         name = f"async-{priority}-{staging}-{io}" + ("-dcpstager" if stager == "dcp" else "")
         storage = discarding_storage() if io == "null" else LocalStorage(cfg.direct_io)
         ckpts[name] = Checkpointer(cfg, root / f"ckpt-{name}", storage, {}, "bench", device)
-        if stager == "dcp" and ckpts[name]._stager is not None:
-            ckpts[name]._stager.close()  # baseline: DCP's own stager (its copies hold the GIL)
-            ckpts[name]._stager = dcp_stager(cfg.overlap_staging)
+        if stager == "dcp":
+            use_dcp_stager(ckpts[name])
     # What the checkpoint hook does in the loop: an overlapped copy finishes before the
     # optimizer step changes the state.
     trainer.hooks.append(_WaitStaged(list(ckpts.values())))
@@ -454,21 +455,22 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
 GIL_VARIANTS = ("toolkit", "dcp", "toolkit-null")
 
 
-def kept_out_while(busy: Any, tick_s: float = 0.001) -> float:
+def kept_out_while(busy: Any, tick_s: float = 0.001, slack_s: float = 0.0001) -> float:
     """Seconds the calling thread wanted to run Python and could not, while `busy()`: it
-    sleeps `tick_s` at a time and adds up how late it wakes (waiting for the GIL or a core)."""
+    sleeps `tick_s` at a time and adds up how late it wakes beyond `slack_s` (waiting for
+    the GIL or a core)."""
     late = 0.0
     while busy():
         t = time.perf_counter()
         time.sleep(tick_s)
-        late += max(0.0, time.perf_counter() - t - tick_s * 1.1)
+        late += max(0.0, time.perf_counter() - t - tick_s - slack_s)
     return late
 
 
 def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
     """One rank; per repetition and variant: an async save, then the training thread's
     stand-in (`kept_out_while`) until it committed. Variants: the toolkit's stager, DCP's own
-    (`dcp_stager`, the baseline), the toolkit's with the shard bytes discarded."""
+    (`use_dcp_stager`, the baseline), the toolkit's with the shard bytes discarded."""
     trainer, device = start_rank(rank, 1, port, job, out_dir)
     from toolkit.checkpoint.checkpointer import Checkpointer
     from toolkit.checkpoint.storage import LocalStorage
@@ -479,9 +481,8 @@ def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
     for name in GIL_VARIANTS:
         storage = discarding_storage() if name.endswith("null") else LocalStorage()
         ckpts[name] = Checkpointer(job.checkpoint, root / name, storage, {}, "bench", device)
-        if name == "dcp" and ckpts[name]._stager is not None:
-            ckpts[name]._stager.close()
-            ckpts[name]._stager = dcp_stager(job.checkpoint.overlap_staging)
+        if name == "dcp":
+            use_dcp_stager(ckpts[name])
     for _ in range(2):  # warm-up: allocation, optimizer state
         train_one_step(trainer)
     rows: dict[str, list[dict[str, float]]] = {n: [] for n in ckpts}

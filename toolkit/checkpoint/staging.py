@@ -5,7 +5,7 @@ GIL for the whole copy: while the staging thread copies a 150 MB embedding, the 
 thread cannot run a line of Python (measured on the dev VM: a 600 MB storage copy in a thread
 stopped the main thread for 54-187 ms; the same copy as a tensor `copy_` for 0-20 ms). With
 1.97 GB of model and optimizer state, that is a few hundred milliseconds of training lost per
-checkpoint even with a spare core for the copy. `StateStager` keeps DCP's stager (its walk
+checkpoint even with a spare core for the copy. `build_stager` keeps DCP's stager (its walk
 over the state dict, DTensor handling, cached buffers reused from one save to the next,
 pinned memory on GPU) and copies each storage as a byte tensor instead, which torch does with
 the GIL released.
@@ -50,12 +50,13 @@ if StateDictStager is not None:
             return cached
 
 
-def build_stager(device: torch.device, overlap: bool) -> DefaultStager:
+def build_stager(device: torch.device, overlap: bool, gil_free: bool = True) -> DefaultStager:
     """Copy into CPU memory (pinned, with non-blocking copies on a side stream on GPU), on
     the training thread or, with `overlap`, in a staging thread while the next step's
     forward/backward runs. The stager keeps its CPU buffers and reuses them for the next
     save; that is safe only because a save starts after the previous one finished writing
-    (one in flight)."""
+    (one in flight). `gil_free=False` leaves DCP's own copies (which hold the GIL): the
+    baseline of the benchmarks and tests."""
     cuda = device.type == "cuda"
     stager = DefaultStager(
         StagingOptions(
@@ -65,6 +66,8 @@ def build_stager(device: torch.device, overlap: bool) -> DefaultStager:
             use_non_blocking_copy=cuda,
         )
     )
+    if not gil_free:
+        return stager
     if StateDictStager is not None and isinstance(
         getattr(stager, "_state_dict_stager", None), StateDictStager
     ):
