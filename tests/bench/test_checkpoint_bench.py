@@ -70,7 +70,7 @@ def test_the_writer_benchmark_times_every_mode_against_the_bare_steps(tmp_path, 
     assert result["bytes"] > 0 and all(len(v) == 1 for v in result["window_s"].values())
 
 
-def test_the_null_and_dcp_stager_variants_run_the_same_save_path(tmp_path):
+def test_the_null_and_dcp_defaults_variants_run_the_same_save_path(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
     variants = "idle:overlap:direct,idle:overlap:null,idle:overlap:direct:dcp"
@@ -80,17 +80,17 @@ def test_the_null_and_dcp_stager_variants_run_the_same_save_path(tmp_path):
     direct, null = saves["async-idle-overlap-direct"][0], saves["async-idle-overlap-null"][0]
     assert direct["error"] is None and null["error"] is None
     assert null["size_bytes"] < direct["size_bytes"] / 10  # only .metadata and JSON on disk
-    baseline = saves["async-idle-overlap-direct-dcpstager"][0]  # DCP's own stager
+    baseline = saves["async-idle-overlap-direct-dcpdefaults"][0]  # DCP's stager and planning
     assert baseline["error"] is None
     assert abs(baseline["size_bytes"] - direct["size_bytes"]) < 100  # .metadata names its dir
 
 
-def test_gil_benchmark_times_both_stagers_on_the_training_thread(tmp_path):
+def test_gil_benchmark_times_each_variant_on_the_training_thread(tmp_path):
     out = tmp_path / "gil.json"
     argv = ["gil", "--model", "gpt_tiny", "--reps", "1", "--dir", str(tmp_path), "--json", str(out)]
     assert checkpoint_bench(argv) == 0
     summary = json.loads(out.read_text())["summary"]
-    assert set(summary) == {"toolkit", "dcp", "toolkit-null"}
+    assert set(summary) == {"toolkit", "toolkit-replan", "dcp", "toolkit-null"}
     for row in summary.values():
         assert row["committed_s"] > 0
         assert 0 < row["save_returned_s"] <= row["kept_out_whole_save_s"] <= row["committed_s"]

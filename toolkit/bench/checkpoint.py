@@ -137,14 +137,22 @@ def discarding_storage() -> Any:
     return _DiscardingStorage()
 
 
-def use_dcp_stager(ckpt: Any) -> None:
+def plan_every_save(ckpt: Any) -> None:
+    """`ckpt` plans every save afresh, as DCP does by default (toolkit.checkpoint.planning)."""
+    if ckpt._plans is not None:
+        ckpt._plans.clear()
+        ckpt._plans = None
+
+
+def use_dcp_defaults(ckpt: Any) -> None:
     """Baseline for the `dcp` variants: `ckpt` stages with DCP's own copies, which hold the
-    GIL (as the toolkit did before toolkit.checkpoint.staging); everything else unchanged."""
+    GIL (toolkit.checkpoint.staging), and plans every save afresh; everything else unchanged."""
     from toolkit.checkpoint.staging import build_stager
 
     if ckpt._stager is not None:
         ckpt._stager.close()
         ckpt._stager = build_stager(ckpt.device, ckpt.cfg.overlap_staging, gil_free=False)
+    plan_every_save(ckpt)
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -267,11 +275,11 @@ def stall_worker(
             overlap_staging=staging == "overlap",
             direct_io=io == "direct",
         )
-        name = f"async-{priority}-{staging}-{io}" + ("-dcpstager" if stager == "dcp" else "")
+        name = f"async-{priority}-{staging}-{io}" + ("-dcpdefaults" if stager == "dcp" else "")
         storage = discarding_storage() if io == "null" else LocalStorage(cfg.direct_io)
         ckpts[name] = Checkpointer(cfg, root / f"ckpt-{name}", storage, {}, "bench", device)
         if stager == "dcp":
-            use_dcp_stager(ckpts[name])
+            use_dcp_defaults(ckpts[name])
     # What the checkpoint hook does in the loop: an overlapped copy finishes before the
     # optimizer step changes the state.
     trainer.hooks.append(_WaitStaged(list(ckpts.values())))
@@ -452,7 +460,7 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- gil: how long a save keeps the training thread from running Python --------------------
-GIL_VARIANTS = ("toolkit", "dcp", "toolkit-null")
+GIL_VARIANTS = ("toolkit", "toolkit-replan", "dcp", "toolkit-null")
 
 
 def kept_out_while(busy: Any, tick_s: float = 0.001, slack_s: float = 0.0001) -> float:
@@ -469,8 +477,9 @@ def kept_out_while(busy: Any, tick_s: float = 0.001, slack_s: float = 0.0001) ->
 
 def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
     """One rank; per repetition and variant: an async save, then the training thread's
-    stand-in (`kept_out_while`) until it committed. Variants: the toolkit's stager, DCP's own
-    (`use_dcp_stager`, the baseline), the toolkit's with the shard bytes discarded."""
+    stand-in (`kept_out_while`) until it committed. Variants: the toolkit's save; the same
+    planning every save afresh (`plan_every_save`); DCP's defaults (`use_dcp_defaults`, the
+    baseline); the toolkit's with the shard bytes discarded."""
     trainer, device = start_rank(rank, 1, port, job, out_dir)
     from toolkit.checkpoint.checkpointer import Checkpointer
     from toolkit.checkpoint.storage import LocalStorage
@@ -482,7 +491,9 @@ def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
         storage = discarding_storage() if name.endswith("null") else LocalStorage()
         ckpts[name] = Checkpointer(job.checkpoint, root / name, storage, {}, "bench", device)
         if name == "dcp":
-            use_dcp_stager(ckpts[name])
+            use_dcp_defaults(ckpts[name])
+        elif name == "toolkit-replan":
+            plan_every_save(ckpts[name])
     for _ in range(2):  # warm-up: allocation, optimizer state
         train_one_step(trainer)
     rows: dict[str, list[dict[str, float]]] = {n: [] for n in ckpts}
@@ -517,7 +528,7 @@ def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
 def run_gil(args: argparse.Namespace) -> dict[str, Any]:
     """How long one async save keeps the training thread from running Python (the time
     `save()` takes to return, plus how late a thread that sleeps 1 ms at a time wakes while
-    the save is staged and written), with the toolkit's stager against DCP's. Medians."""
+    the save is staged and written), with the toolkit's save against DCP's defaults. Medians."""
     import torch.multiprocessing as mp
 
     from toolkit.distributed.env import free_port
@@ -713,8 +724,8 @@ def main(argv: list[str] | None = None) -> int:
         default="idle:overlap:direct,idle:overlap:buffered",
         help="async modes, each <checkpoint.writer_priority>:<overlap|copy>[:<direct|buffered|null>"
         "[:dcp]] (overlap_staging, direct_io; default direct; null: DCP's whole save path, but"
-        " the shard bytes are discarded instead of written; dcp: DCP's own stager, whose copies"
-        " hold the GIL, instead of the toolkit's)",
+        " the shard bytes are discarded instead of written; dcp: DCP's defaults, its own stager"
+        " (whose copies hold the GIL) and a fresh plan every save, instead of the toolkit's)",
     )
     c = sub.add_parser("cpu")
     c.add_argument("--gb", type=float, default=1.0)

@@ -7,7 +7,9 @@ CPU memory (pinned on GPU); with `overlap_staging` the copy runs in a staging th
 the next step's forward/backward, without holding the GIL (toolkit.checkpoint.staging), and
 the trainer waits for it before the optimizer step (`wait_staged`), the first moment the
 saved tensors change. DCP writes in a background thread over a gloo group of its own,
-so its collectives never interleave with training's. A commit worker per rank waits for the
+so its collectives never interleave with training's; with `cache_plans` a save of
+a state whose structure is unchanged reuses the previous save's plan
+(toolkit.checkpoint.planning). A commit worker per rank waits for the
 write (the writer checksums each shard as it writes it, around the page cache where the
 filesystem allows: see toolkit.checkpoint.directio); rank 0 gathers the checksums, writes the
 manifest (sizes, checksums) and renames the directory to `step-<N>`, and hands retention to
@@ -47,6 +49,7 @@ from toolkit.checkpoint.layout import (
     tmp_path,
 )
 from toolkit.checkpoint.manifest import FileEntry, build_manifest, describe_files
+from toolkit.checkpoint.planning import PlanCache
 from toolkit.checkpoint.priority import lower_this_thread
 from toolkit.checkpoint.retention import Purger, steps_to_delete
 from toolkit.checkpoint.staging import build_stager
@@ -111,6 +114,7 @@ class Checkpointer:
         # backend, and they must not interleave with training collectives on the default group).
         self.pg = dist.new_group(backend="gloo")
         self._stager = build_stager(device, cfg.overlap_staging) if cfg.async_save else None
+        self._plans = PlanCache() if cfg.cache_plans else None
         self._pending: SaveResult | None = None
         self._finished: list[SaveResult] = []
         self._lock = threading.Lock()
@@ -150,10 +154,15 @@ class Checkpointer:
             model_sd, optim_sd = get_state_dict(model, optimizer)
             state = {"model": model_sd, "optim": optim_sd}
             writer = result.writer = self.storage.dcp_writer(tmp)
+            planner = self._plans.planner() if self._plans is not None else None
             if self._stager is not None:
                 writer.background_priority = self.cfg.writer_priority
                 response = dcp.async_save(
-                    state, storage_writer=writer, process_group=self.pg, async_stager=self._stager
+                    state,
+                    storage_writer=writer,
+                    planner=planner,
+                    process_group=self.pg,
+                    async_stager=self._stager,
                 )
                 if isinstance(response, AsyncSaveResponse):  # staging overlaps training
                     result.staged = response.staging_completion
@@ -163,7 +172,11 @@ class Checkpointer:
             else:
                 done: Future = Future()
                 try:
-                    done.set_result(dcp.save(state, storage_writer=writer, process_group=self.pg))
+                    done.set_result(
+                        dcp.save(
+                            state, storage_writer=writer, planner=planner, process_group=self.pg
+                        )
+                    )
                 except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported via the result
                     done.set_exception(exc)
                 result.future = done
@@ -320,6 +333,8 @@ class Checkpointer:
             self._purger.close()
         if self._stager is not None:
             self._stager.close()
+        if self._plans is not None:
+            self._plans.clear()
 
     # -- loading -----------------------------------------------------------------------
     def load(

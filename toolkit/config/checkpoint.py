@@ -33,6 +33,9 @@ class CheckpointConfig:
     # Write shards with O_DIRECT, around the page cache (much less CPU taken from training;
     # see toolkit.checkpoint.directio); filesystems that refuse it get ordinary writes.
     direct_io: bool = True
+    # Reuse the previous save's DCP plan while the state's structure is unchanged (less
+    # Python on the save's thread: see toolkit.checkpoint.planning); false: plan every save.
+    cache_plans: bool = True
     # Fault injection for tests: the writer fails with ENOSPC once a rank has written this
     # many bytes of one checkpoint, or stalls for fault_stall_s at step fault_stall_step.
     fault_enospc_after_bytes: int | None = None
