@@ -4,8 +4,8 @@ import json
 
 import torch
 
+from toolkit.bench.checkpoint import Neighbour, summarize_stall
 from toolkit.bench.checkpoint import main as checkpoint_bench
-from toolkit.bench.checkpoint import summarize_stall
 from toolkit.bench.checkpoint_writer import run as writer_bench
 from toolkit.bench.checkpoint_writer import write_copy
 
@@ -46,12 +46,43 @@ def test_stall_runs_every_mode_and_summarizes_lost_time(tmp_path):
         "async-idle-overlap-buffered",
         "sync",
     }
+    # Every measured window sits between two without a checkpoint, its reference their mean.
+    assert len(windows["none"]) == len(windows)
+    references = result["raw"]["reference"]
+    assert set(references) == set(windows) - {"none"}
+    means = {(a + b) / 2 for a, b in zip(windows["none"], windows["none"][1:])}
+    assert all(len(v) == 1 and v[0]["window_s"] in means for v in references.values())
     saves = result["raw"]["async_saves"]["async-idle-overlap-direct"]
     assert saves[0]["error"] is None and saves[0]["direct_io"] is True
     assert result["raw"]["async_saves"]["async-idle-overlap-buffered"][0]["direct_io"] is False
     summary = summarize_stall(result["raw"])
     assert summary["async-idle-overlap-direct"]["blocked_s"] >= 0
     assert summary["checkpoint_GB"] > 0
+
+
+def test_the_neighbour_uses_the_cpu_seconds_it_is_asked_for():
+    neighbour = Neighbour("idle", buffer_bytes=8 << 20)
+    try:
+        neighbour.start(0.3)
+        used = neighbour.wait()
+    finally:
+        neighbour.close()
+    assert 0.3 <= used < 1.0
+    assert neighbour.process.exitcode == 0
+
+
+def test_stall_with_a_neighbour_window_reports_the_cost_per_cpu_second(tmp_path):
+    out = tmp_path / "stall.json"
+    argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
+    argv += ["--variants", "idle:overlap:direct", "--neighbour-cpu-s", "0.2"]
+    assert checkpoint_bench([*argv, "--dir", str(tmp_path), "--json", str(out)]) == 0
+
+    result = json.loads(out.read_text())
+    assert "neighbour" in result["raw"]["window_s"]
+    neighbour = result["summary"]["neighbour"]
+    assert neighbour["cpu_s"] >= 0.2
+    assert neighbour["lost_per_cpu_s"] == neighbour["lost_s"] / neighbour["cpu_s"]
+    assert "save_cpu_s" in result["summary"]["async-idle-overlap-direct"]
 
 
 def test_the_writer_benchmark_times_every_mode_against_the_bare_steps(tmp_path, monkeypatch):

@@ -7,15 +7,18 @@ the first resumed step as checkpoints grow.
     python -m toolkit.bench.checkpoint cpu    [--gb 1] [--reps 3]
     python -m toolkit.bench.checkpoint gil    [--model gpt_125m] [--reps 3]
 
-Stall: in each trial the same ranks run N steps several ways, in rotating order: no
-checkpoint; an async save (`Checkpointer.save`, the training hook's code path) after the
-first step, once per writer priority (`--priorities`); a blocking `dcp.save` (the baseline,
-`sync_dcp_save`) after the first step. An async window ends when its save has committed,
-so a save still running after the last step counts as lost time.
-Lost time per checkpoint = median over trials of (window with it - window without it, in
-the same trial). Baselines in the same rotation: `BackgroundRawWrite` (copy + a plain
-write of the same bytes in a thread: the least any async checkpoint can cost) and
-`sync_dcp_save`.
+Stall: in each trial the same ranks run N steps several ways, in rotating order, each
+between two windows of N steps without a checkpoint: an async save (`Checkpointer.save`, the
+training hook's code path) after the first step, once per variant (`--variants`); a blocking
+`dcp.save` (the baseline, `sync_dcp_save`) after the first step. An async window ends when
+its save has committed, so a save still running after the last step counts as lost time.
+Lost time per checkpoint = median over trials of (window with it - the mean of the windows
+without a checkpoint right before and after it). Baselines in the same rotation:
+`BackgroundRawWrite` (copy + a plain write of the same bytes in a thread: the least any
+async checkpoint can cost) and `sync_dcp_save`. With `--neighbour-cpu-s S`, also a window in
+which another process copies memory for S CPU seconds (`Neighbour`): what that much work
+beside training costs it on this machine, to set against the async save's own CPU seconds
+(`save_cpu_s`).
 Raw write: each rank writes its shard's bytes with plain file writes + fsync (baseline code
 below, `raw_write`), concurrently, on the same disk, in the same run.
 """
@@ -94,6 +97,55 @@ class BackgroundRawWrite:
 
     def wait(self) -> None:
         self.thread.join()
+
+
+def _neighbour_loop(conn: Any, priority: str, buffer_bytes: int) -> None:
+    """The neighbour process: on each request, copy memory until it used that many CPU
+    seconds, then report the CPU seconds it used; None ends it."""
+    import numpy as np
+
+    from toolkit.checkpoint.priority import lower_this_thread
+
+    lower_this_thread(priority)
+    src = np.ones(buffer_bytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    while (seconds := conn.recv()) is not None:
+        t0 = time.process_time()
+        while time.process_time() - t0 < seconds:
+            dst[:] = src
+        conn.send(time.process_time() - t0)
+
+
+class Neighbour:
+    """Baseline for what any CPU work beside training costs it on this machine: another
+    process, at the checkpoint writer's priority, copying memory (buffers far larger than
+    the CPU caches, as a save streams its state) for a given number of CPU seconds. It
+    shares no GIL and no tensors with training, so on a machine whose cores are independent
+    it costs training nothing; where the "spare" core shares the physical core or memory
+    bandwidth with training's (SMT siblings, a busy VM host), it shows how much."""
+
+    def __init__(self, priority: str, buffer_bytes: int = 512 << 20):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_neighbour_loop, args=(child, priority, buffer_bytes), daemon=True
+        )
+        self.process.start()
+        self.conn.send(0.0)  # wait until it is up and its buffers are allocated
+        self.conn.recv()
+
+    def start(self, cpu_s: float) -> None:
+        self.conn.send(cpu_s)
+
+    def wait(self) -> float:
+        """The CPU seconds the neighbour used for the last request."""
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=10)
 
 
 def discarding_storage() -> Any:
@@ -256,6 +308,7 @@ def stall_worker(
     trials: int,
     steps: int,
     variants: list[str],
+    neighbour_cpu_s: float = 0.0,
 ) -> None:
     trainer, device = start_rank(rank, world, port, job, out_dir)
     import torch.distributed as dist
@@ -290,15 +343,22 @@ def stall_worker(
 
     for _ in range(2):  # warm-up: allocation, optimizer state
         step()
-    modes = ["none", "raw-bg", *ckpts, "sync"]
+    neighbour = Neighbour(job.checkpoint.writer_priority) if neighbour_cpu_s > 0 else None
+    modes = ["none", "raw-bg", *ckpts, "sync", *(["neighbour"] if neighbour else [])]
+    neighbour_used: list[float] = []
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    # Each measured window sits between two windows without a checkpoint; its reference is
+    # their mean (window time and CPU), which cancels this VM's drift over the trial.
+    measured = modes[1:]
+    reference: dict[str, list[dict[str, Any]]] = {m: [] for m in measured}
     raw_bg: list[dict[str, float]] = []
     saves: dict[str, list[dict[str, Any]]] = {m: [] for m in ckpts}
     sync_s: list[float] = []
     for trial in range(trials):
-        order = modes[trial % len(modes) :] + modes[: trial % len(modes)]
-        for mode in order:
+        rotated = measured[trial % len(measured) :] + measured[: trial % len(measured)]
+        order = ["none", *(m for mode in rotated for m in (mode, "none"))]
+        for position, mode in enumerate(order):
             dist.barrier()
             cpu0 = cpu_seconds()
             t0 = time.perf_counter()
@@ -317,6 +377,8 @@ def stall_worker(
                         trainer.optimizer,
                         {"step": trainer.state.step},
                     )
+                elif i == 0 and mode == "neighbour":
+                    neighbour.start(neighbour_cpu_s)
                 elif i == 0 and mode == "sync":
                     m, o = get_state_dict(trainer.model, trainer.optimizer)
                     sync_s.append(
@@ -325,6 +387,8 @@ def stall_worker(
             steps_end = time.time()
             if mode in ckpts:  # a save still running after the last step counts as lost
                 finished = ckpts[mode].wait()
+            if mode == "neighbour":  # like a save, work still running counts as lost
+                neighbour_used.append(neighbour.wait())
             if background is not None:
                 background.wait()
                 raw_bg.append({"staging_s": background.staging_s, "write_s": background.write_s})
@@ -332,6 +396,16 @@ def stall_worker(
             times[mode].append(time.perf_counter() - t0)
             cpu1 = cpu_seconds()
             cpu[mode].append({k: cpu1[k] - cpu0[k] for k in cpu0})
+            if mode == "none" and position > 0:  # closes the bracket around the window before
+                before, after = -2, -1
+                reference[order[position - 1]].append(
+                    {
+                        "window_s": (times["none"][before] + times["none"][after]) / 2,
+                        "cpu_s": {
+                            k: (cpu["none"][before][k] + cpu["none"][after][k]) / 2 for k in cpu0
+                        },
+                    }
+                )
             if rank == 0:
                 print(f"trial {trial} {mode}: {times[mode][-1]:.2f} s", file=sys.stderr, flush=True)
             if mode in ckpts:
@@ -365,6 +439,8 @@ def stall_worker(
     dist.all_gather_object(gathered, {"raw_bytes": raw_bytes, "raw_s": raw_s})
     for c in ckpts.values():
         c.close()
+    if neighbour is not None:
+        neighbour.close()
     if rank == 0:
         total_raw = sum(g["raw_bytes"] for g in gathered)
         slowest_raw = max(g["raw_s"] for g in gathered)
@@ -373,9 +449,11 @@ def stall_worker(
             "steps_per_window": steps,
             "trials": trials,
             "window_s": times,
+            "reference": reference,
             "async_saves": saves,
             "sync_save_s": sync_s,
             "raw_background": raw_bg,
+            "neighbour_cpu_s": neighbour_used,  # rank 0's neighbour
             "cpu_s": cpu,
             "checkpoint_bytes": max(s["size_bytes"] for v in saves.values() for s in v),
             "raw_write": {"bytes": total_raw, "seconds": slowest_raw},
@@ -389,11 +467,14 @@ def stall_worker(
 
 def summarize_stall(r: dict[str, Any]) -> dict[str, Any]:
     med = {k: statistics.median(v) for k, v in r["window_s"].items()}
-    # Lost time: the median over trials of (window with it - window without it) within the
-    # same trial, which cancels the machine's drift between trials.
+    # Lost time: the median over trials of (window with it - the mean of the two windows
+    # without a checkpoint right before and after it), which cancels the machine's drift.
+    ref = r["reference"]
     paired = {
-        k: statistics.median(a - b for a, b in zip(v, r["window_s"]["none"], strict=True))
-        for k, v in r["window_s"].items()
+        k: statistics.median(
+            a - b["window_s"] for a, b in zip(r["window_s"][k], ref[k], strict=True)
+        )
+        for k in ref
     }
     size = r["checkpoint_bytes"]
     sync = statistics.median(r["sync_save_s"])
@@ -413,6 +494,20 @@ def summarize_stall(r: dict[str, Any]) -> dict[str, Any]:
             for mode, windows in r["cpu_s"].items()
         },
     }
+    own_cpu = {  # rank 0's process, paired with the windows without a checkpoint around it
+        k: statistics.median(
+            w["this_process"] - b["cpu_s"]["this_process"]
+            for w, b in zip(r["cpu_s"][k], ref[k], strict=True)
+        )
+        for k in ref
+    }
+    if r.get("neighbour_cpu_s"):
+        used = statistics.median(r["neighbour_cpu_s"])
+        out["neighbour"] = {
+            "cpu_s": used,
+            "lost_s": paired["neighbour"],
+            "lost_per_cpu_s": paired["neighbour"] / used,
+        }
     for mode, saves in r["async_saves"].items():
         lost = paired[mode]
         write = statistics.median(s["write_s"] for s in saves)
@@ -428,6 +523,10 @@ def summarize_stall(r: dict[str, Any]) -> dict[str, Any]:
             "commit_s": statistics.median(s["commit_s"] for s in saves),
             "tail_wait_s": statistics.median(s["tail_wait_s"] for s in saves),
             "save_GBps": size / 1e9 / write,
+            # the save's own CPU seconds on rank 0 (its process's CPU time in the window
+            # minus that in the same trial's window without a checkpoint)
+            "save_cpu_s": own_cpu[mode],
+            "lost_per_save_cpu_s": lost / own_cpu[mode] if own_cpu[mode] > 0 else None,
         }
     return out
 
@@ -450,6 +549,7 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
                 args.trials,
                 args.steps,
                 args.variants.split(","),
+                args.neighbour_cpu_s,
             ),
             nprocs=args.ranks,
         )
@@ -726,6 +826,15 @@ def main(argv: list[str] | None = None) -> int:
         "[:dcp]] (overlap_staging, direct_io; default direct; null: DCP's whole save path, but"
         " the shard bytes are discarded instead of written; dcp: DCP's defaults, its own stager"
         " (whose copies hold the GIL) and a fresh plan every save, instead of the toolkit's)",
+    )
+    s.add_argument(
+        "--neighbour-cpu-s",
+        type=float,
+        default=0.0,
+        help="also a window in which another process copies memory for this many CPU seconds"
+        " (per rank, at the writer's priority; `Neighbour`): what that much CPU work beside"
+        " training costs it on this machine. Set it to an async save's CPU seconds (the"
+        " summary's save_cpu_s); 0: off",
     )
     c = sub.add_parser("cpu")
     c.add_argument("--gb", type=float, default=1.0)
