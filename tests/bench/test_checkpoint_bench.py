@@ -1,6 +1,7 @@
 """The checkpoint benchmarks run end to end on tiny inputs and report what they measured."""
 
 import json
+from itertools import pairwise
 
 import torch
 
@@ -50,7 +51,7 @@ def test_stall_runs_every_mode_and_summarizes_lost_time(tmp_path):
     assert len(windows["none"]) == len(windows)
     references = result["raw"]["reference"]
     assert set(references) == set(windows) - {"none"}
-    means = {(a + b) / 2 for a, b in zip(windows["none"], windows["none"][1:])}
+    means = {(a + b) / 2 for a, b in pairwise(windows["none"])}
     assert all(len(v) == 1 and v[0]["window_s"] in means for v in references.values())
     saves = result["raw"]["async_saves"]["async-idle-overlap-direct"]
     assert saves[0]["error"] is None and saves[0]["direct_io"] is True

@@ -349,7 +349,7 @@ def stall_worker(
     times: dict[str, list[float]] = {m: [] for m in modes}
     cpu: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     # Each measured window sits between two windows without a checkpoint; its reference is
-    # their mean (window time and CPU), which cancels this VM's drift over the trial.
+    # their mean (window time and CPU), so that a drift of the machine's speed cancels.
     measured = modes[1:]
     reference: dict[str, list[dict[str, Any]]] = {m: [] for m in measured}
     raw_bg: list[dict[str, float]] = []

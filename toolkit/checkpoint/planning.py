@@ -18,6 +18,7 @@ reuse each other's plans, and drops its entries when the checkpointer closes.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import uuid
 
@@ -41,14 +42,15 @@ class PlanCache:
 
     def __init__(self) -> None:
         self.key = f"toolkit-{uuid.uuid4().hex}"
+        self.supported = "enable_plan_caching" in inspect.signature(DefaultSavePlanner).parameters
+        if not self.supported:  # pragma: no cover - torch < 2.7
+            log.warning("this torch cannot reuse checkpoint plans: every save plans afresh")
 
     def planner(self) -> SavePlanner:
-        """DCP's default save planner, reusing this cache's plans."""
-        try:
-            planner = DefaultSavePlanner(enable_plan_caching=True)
-        except TypeError:  # pragma: no cover - torch < 2.7: every save plans afresh
-            log.warning("this torch cannot reuse checkpoint plans: every save plans afresh")
+        """DCP's default save planner, reusing this cache's plans where torch can."""
+        if not self.supported:  # pragma: no cover - torch < 2.7
             return DefaultSavePlanner()
+        planner = DefaultSavePlanner(enable_plan_caching=True)
         planner._cached_plans_key = self.key
         return planner
 
