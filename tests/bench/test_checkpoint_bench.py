@@ -122,7 +122,7 @@ def test_gil_benchmark_times_each_variant_on_the_training_thread(tmp_path):
     argv = ["gil", "--model", "gpt_tiny", "--reps", "1", "--dir", str(tmp_path), "--json", str(out)]
     assert checkpoint_bench(argv) == 0
     summary = json.loads(out.read_text())["summary"]
-    assert set(summary) == {"toolkit", "toolkit-replan", "dcp", "toolkit-null"}
+    assert set(summary) == {"toolkit", "toolkit-pickle", "toolkit-replan", "dcp", "toolkit-null"}
     for row in summary.values():
         assert row["committed_s"] > 0
         assert 0 < row["save_returned_s"] <= row["kept_out_whole_save_s"] <= row["committed_s"]

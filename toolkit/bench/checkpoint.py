@@ -196,15 +196,22 @@ def plan_every_save(ckpt: Any) -> None:
         ckpt._plans = None
 
 
+def pickle_every_tensor(ckpt: Any) -> None:
+    """`ckpt` writes every tensor with torch.save, as DCP does (toolkit.checkpoint.serialization)."""
+    ckpt.storage.cache_headers = False
+
+
 def use_dcp_defaults(ckpt: Any) -> None:
     """Baseline for the `dcp` variants: `ckpt` stages with DCP's own copies, which hold the
-    GIL (toolkit.checkpoint.staging), and plans every save afresh; everything else unchanged."""
+    GIL (toolkit.checkpoint.staging), plans every save afresh and pickles every tensor;
+    everything else unchanged."""
     from toolkit.checkpoint.staging import build_stager
 
     if ckpt._stager is not None:
         ckpt._stager.close()
         ckpt._stager = build_stager(ckpt.device, ckpt.cfg.overlap_staging, gil_free=False)
     plan_every_save(ckpt)
+    pickle_every_tensor(ckpt)
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -560,7 +567,7 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- gil: how long a save keeps the training thread from running Python --------------------
-GIL_VARIANTS = ("toolkit", "toolkit-replan", "dcp", "toolkit-null")
+GIL_VARIANTS = ("toolkit", "toolkit-pickle", "toolkit-replan", "dcp", "toolkit-null")
 
 
 def kept_out_while(busy: Any, tick_s: float = 0.001, slack_s: float = 0.0001) -> float:
@@ -578,8 +585,9 @@ def kept_out_while(busy: Any, tick_s: float = 0.001, slack_s: float = 0.0001) ->
 def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
     """One rank; per repetition and variant: an async save, then the training thread's
     stand-in (`kept_out_while`) until it committed. Variants: the toolkit's save; the same
-    planning every save afresh (`plan_every_save`); DCP's defaults (`use_dcp_defaults`, the
-    baseline); the toolkit's with the shard bytes discarded."""
+    pickling every tensor (`pickle_every_tensor`); planning every save afresh
+    (`plan_every_save`); DCP's defaults (`use_dcp_defaults`, the baseline); the toolkit's with
+    the shard bytes discarded."""
     trainer, device = start_rank(rank, 1, port, job, out_dir)
     from toolkit.checkpoint.checkpointer import Checkpointer
     from toolkit.checkpoint.storage import LocalStorage
@@ -594,6 +602,8 @@ def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
             use_dcp_defaults(ckpts[name])
         elif name == "toolkit-replan":
             plan_every_save(ckpts[name])
+        elif name == "toolkit-pickle":
+            pickle_every_tensor(ckpts[name])
     for _ in range(2):  # warm-up: allocation, optimizer state
         train_one_step(trainer)
     rows: dict[str, list[dict[str, float]]] = {n: [] for n in ckpts}

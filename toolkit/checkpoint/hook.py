@@ -44,9 +44,12 @@ SAVE_NOW_FILE = "save-now"  # touch RUN_DIR/checkpoints/save-now to checkpoint a
 def build_storage(cfg: CheckpointConfig, step_stalled: bool = False) -> Storage:
     if cfg.fault_enospc_after_bytes is not None or step_stalled:
         return FaultyStorage(
-            cfg.fault_enospc_after_bytes, cfg.fault_stall_s if step_stalled else 0.0, cfg.direct_io
+            cfg.fault_enospc_after_bytes,
+            cfg.fault_stall_s if step_stalled else 0.0,
+            cfg.direct_io,
+            cfg.cache_headers,
         )
-    return LocalStorage(cfg.direct_io)
+    return LocalStorage(cfg.direct_io, cfg.cache_headers)
 
 
 class CheckpointHook:

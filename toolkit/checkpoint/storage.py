@@ -6,8 +6,10 @@ DCP reads and writes go through `dcp_writer` / `dcp_reader`; the reader loads DC
 `.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code.
 The writer skips the zip CRC-32 that `torch.save` computes per tensor (it cost ~1 s of CPU
 per GB here; the manifest's checksums cover every file), writes shards around the page cache
-(O_DIRECT, see toolkit.checkpoint.directio) unless told not to, and checksums each file as it
-writes it, so that no rank reads its shards back to checksum them.
+(O_DIRECT, see toolkit.checkpoint.directio) unless told not to, checksums each file as it
+writes it, so that no rank reads its shards back to checksum them, and writes each tensor
+from its torch.save archive's frame, learnt once per layout, instead of pickling it every
+save (toolkit.checkpoint.serialization): the same bytes as DCP's writer.
 """
 
 from __future__ import annotations
@@ -25,13 +27,21 @@ from typing import Any, Protocol
 
 import torch.utils.serialization
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.filesystem import (
+    DEFAULT_SUFFIX,
+    FileSystem,
+    SerializationFormat,
+    _StorageInfo,
+)
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from toolkit.checkpoint.directio import open_for_write
 from toolkit.checkpoint.manifest import CHECKSUM, FileEntry, new_hash
 from toolkit.checkpoint.priority import describe_this_thread, lower_this_thread
+from toolkit.checkpoint.serialization import FRAMES, FrameCache
 
 
 class Storage(Protocol):
@@ -52,10 +62,12 @@ class Storage(Protocol):
 
 class LocalStorage:
     """Checkpoints in a local or shared POSIX filesystem; with `direct_io`, DCP shards are
-    written with O_DIRECT where the filesystem supports it."""
+    written with O_DIRECT where the filesystem supports it; with `cache_headers`, tensors are
+    written from cached torch.save frames (toolkit.checkpoint.serialization)."""
 
-    def __init__(self, direct_io: bool = True):
+    def __init__(self, direct_io: bool = True, cache_headers: bool = True):
         self.direct_io = direct_io
+        self.cache_headers = cache_headers
 
     def list(self, path: Path) -> list[str]:
         return sorted(os.listdir(path)) if path.is_dir() else []
@@ -90,6 +102,7 @@ class LocalStorage:
     def dcp_writer(self, path: Path) -> ShardWriter:
         writer = ShardWriter(path, single_file_per_rank=True, sync_files=True, overwrite=True)
         writer.fs = GuardedFileSystem(direct=self.direct_io)
+        writer.frames = FRAMES if self.cache_headers else None
         return writer
 
     def dcp_reader(self, path: Path) -> FileSystemReader:
@@ -146,6 +159,7 @@ class ShardWriter(FileSystemWriter):
 
     background_priority: str | None = None  # set for async saves: see toolkit.checkpoint.priority
     thread_priority: str | None = None  # what the writing thread ran at (reported in events)
+    frames: FrameCache | None = None  # set: tensors are written from cached torch.save frames
 
     def set_up_storage_writer(self, *args: Any, **kwargs: Any) -> None:
         if self.background_priority is not None:  # the first call in DCP's save thread
@@ -159,9 +173,56 @@ class ShardWriter(FileSystemWriter):
         config = torch.utils.serialization.config.save
         saved, config.compute_crc32 = config.compute_crc32, False
         try:
+            if self.frames is not None and self._one_plain_file():
+                return self._write_one_file(plan, planner, self.frames)
             return super().write_data(plan, planner)
         finally:
             config.compute_crc32 = saved
+
+    def _one_plain_file(self) -> bool:
+        """Whether DCP would write this rank's shards as one file of plain torch.save
+        archives, in one thread (the only layout `_write_one_file` reproduces)."""
+        return (
+            self.single_file_per_rank
+            and self.thread_count == 1
+            and self.serialization_format == SerializationFormat.TORCH_SAVE
+            and not self.transforms.extensions
+        )
+
+    def _write_one_file(
+        self, plan: SavePlan, planner: SavePlanner, frames: FrameCache
+    ) -> Future[list[WriteResult]]:
+        """DCP's write of one rank's shards (`FileSystemWriter.write_data` with one file and
+        one thread): the byte items, then every tensor as a torch.save archive, each
+        recorded at its offset; the same bytes, with tensors written by `frames`."""
+        key = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
+        items = [i for i in plan.items if i.type == WriteItemType.BYTE_IO]
+        items += [i for i in plan.items if i.type != WriteItemType.BYTE_IO]
+        results = []
+        with self.fs.create_stream(self.fs.concat_path(self.path, key), "wb") as stream:
+            for item in items:
+                offset = stream.tell()
+                data = planner.resolve_data(item)
+                if item.type == WriteItemType.BYTE_IO:
+                    stream.write(data.getbuffer())
+                else:
+                    tensor = data.detach().cpu()
+                    if tensor.untyped_storage().nbytes() != tensor.nbytes:
+                        tensor = tensor.clone()  # a view: save only its elements, as DCP does
+                    frames.save(tensor, stream)
+                length = stream.tell() - offset
+                info = _StorageInfo(key, offset, length)
+                results.append(
+                    WriteResult(index=item.index, size_in_bytes=length, storage_data=info)
+                )
+            if self.sync_files:
+                try:
+                    os.fsync(stream.fileno())
+                except (AttributeError, io.UnsupportedOperation):
+                    os.sync()  # a stream without a file descriptor: as DCP's writer does
+        done: Future[list[WriteResult]] = Future()
+        done.set_result(results)
+        return done
 
     @property
     def written(self) -> dict[Path, FileEntry]:
@@ -228,9 +289,13 @@ class FaultyStorage(LocalStorage):
     checkpoint and rank, or stall `stall_s` seconds before each file is opened."""
 
     def __init__(
-        self, enospc_after_bytes: int | None = None, stall_s: float = 0.0, direct_io: bool = True
+        self,
+        enospc_after_bytes: int | None = None,
+        stall_s: float = 0.0,
+        direct_io: bool = True,
+        cache_headers: bool = True,
     ):
-        super().__init__(direct_io)
+        super().__init__(direct_io, cache_headers)
         self.enospc_after_bytes = enospc_after_bytes
         self.stall_s = stall_s
 

@@ -36,6 +36,10 @@ class CheckpointConfig:
     # Reuse the previous save's DCP plan while the state's structure is unchanged (less
     # Python on the save's thread: see toolkit.checkpoint.planning); false: plan every save.
     cache_plans: bool = True
+    # Write each tensor as torch.save would, from its archive's header and trailer learnt
+    # once per layout, instead of pickling it every save (the same bytes, less Python on the
+    # save's thread: see toolkit.checkpoint.serialization); false: torch.save per tensor.
+    cache_headers: bool = True
     # Fault injection for tests: the writer fails with ENOSPC once a rank has written this
     # many bytes of one checkpoint, or stalls for fault_stall_s at step fault_stall_step.
     fault_enospc_after_bytes: int | None = None
