@@ -117,6 +117,19 @@ def test_the_null_and_dcp_defaults_variants_run_the_same_save_path(tmp_path):
     assert abs(baseline["size_bytes"] - direct["size_bytes"]) < 100  # .metadata names its dir
 
 
+def test_baselines_can_be_measured_in_every_nth_trial_only(tmp_path):
+    out = tmp_path / "stall.json"
+    argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "3", "--steps", "1"]
+    argv += ["--variants", "idle:overlap:direct", "--baselines-every", "2", "--json", str(out)]
+    assert checkpoint_bench([*argv, "--dir", str(tmp_path)]) == 0
+    result = json.loads(out.read_text())
+    raw = result["raw"]
+    assert len(raw["window_s"]["async-idle-overlap-direct"]) == 3  # every trial
+    assert len(raw["sync_save_s"]) == len(raw["window_s"]["sync"]) == 2  # trials 0 and 2
+    assert len(raw["reference"]["sync"]) == 2 and len(raw["raw_background"]) == 2
+    assert result["summary"]["async-idle-overlap-direct"]["lost_over_lost_sync"] is not None
+
+
 def test_gil_benchmark_times_each_variant_on_the_training_thread(tmp_path):
     out = tmp_path / "gil.json"
     argv = ["gil", "--model", "gpt_tiny", "--reps", "1", "--dir", str(tmp_path), "--json", str(out)]

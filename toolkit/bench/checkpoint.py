@@ -18,7 +18,8 @@ without a checkpoint right before and after it). Baselines in the same rotation:
 async checkpoint can cost) and `sync_dcp_save`. With `--neighbour-cpu-s S`, also a window in
 which another process copies memory for S CPU seconds (`Neighbour`): what that much work
 beside training costs it on this machine, to set against the async save's own CPU seconds
-(`save_cpu_s`).
+(`save_cpu_s`). With `--baselines-every K`, the two baselines run in every K-th trial only,
+leaving the time for more trials of the async variants.
 Raw write: each rank writes its shard's bytes with plain file writes + fsync (baseline code
 below, `raw_write`), concurrently, on the same disk, in the same run.
 """
@@ -316,6 +317,7 @@ def stall_worker(
     steps: int,
     variants: list[str],
     neighbour_cpu_s: float = 0.0,
+    baselines_every: int = 1,
 ) -> None:
     trainer, device = start_rank(rank, world, port, job, out_dir)
     import torch.distributed as dist
@@ -362,8 +364,10 @@ def stall_worker(
     raw_bg: list[dict[str, float]] = []
     saves: dict[str, list[dict[str, Any]]] = {m: [] for m in ckpts}
     sync_s: list[float] = []
+    baselines = ("raw-bg", "sync")  # measured in every `baselines_every`-th trial only
     for trial in range(trials):
-        rotated = measured[trial % len(measured) :] + measured[: trial % len(measured)]
+        now = [m for m in measured if m not in baselines or trial % baselines_every == 0]
+        rotated = now[trial % len(now) :] + now[: trial % len(now)]
         order = ["none", *(m for mode in rotated for m in (mode, "none"))]
         for position, mode in enumerate(order):
             dist.barrier()
@@ -557,6 +561,7 @@ def run_stall(args: argparse.Namespace) -> dict[str, Any]:
                 args.steps,
                 args.variants.split(","),
                 args.neighbour_cpu_s,
+                args.baselines_every,
             ),
             nprocs=args.ranks,
         )
@@ -846,6 +851,14 @@ def main(argv: list[str] | None = None) -> int:
         " training costs it on this machine. Set it to an async save's CPU seconds (the"
         " summary's save_cpu_s); 0: off",
     )
+    s.add_argument(
+        "--baselines-every",
+        type=int,
+        default=1,
+        help="measure the blocking save and the plain background write in every N-th trial"
+        " only (more trials of the async variants in the same time; the blocking save's lost"
+        " time varies far less than theirs)",
+    )
     c = sub.add_parser("cpu")
     c.add_argument("--gb", type=float, default=1.0)
     c.add_argument("--reps", type=int, default=3)
@@ -862,6 +875,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         p.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
+    if getattr(args, "baselines_every", 1) < 1:
+        parser.error(f"--baselines-every {args.baselines_every}: must be >= 1 (1: every trial)")
     runs = {"stall": run_stall, "resume": run_resume, "cpu": run_cpu_cost, "gil": run_gil}
     result: Any = runs[args.what](args)
     text = json.dumps(result, indent=1)
