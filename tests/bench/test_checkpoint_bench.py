@@ -102,10 +102,11 @@ def test_the_writer_benchmark_times_every_mode_against_the_bare_steps(tmp_path, 
     assert result["bytes"] > 0 and all(len(v) == 1 for v in result["window_s"].values())
 
 
-def test_the_null_and_dcp_defaults_variants_run_the_same_save_path(tmp_path):
+def test_the_null_dcp_defaults_and_pickle_variants_run_the_same_save_path(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
     variants = "idle:overlap:direct,idle:overlap:null,idle:overlap:direct:dcp"
+    variants += ",idle:overlap:direct:pickle"
     argv += ["--variants", variants, "--json", str(out)]
     assert checkpoint_bench([*argv, "--dir", str(tmp_path)]) == 0
     saves = json.loads(out.read_text())["raw"]["async_saves"]
@@ -115,6 +116,9 @@ def test_the_null_and_dcp_defaults_variants_run_the_same_save_path(tmp_path):
     baseline = saves["async-idle-overlap-direct-dcpdefaults"][0]  # DCP's stager and planning
     assert baseline["error"] is None
     assert abs(baseline["size_bytes"] - direct["size_bytes"]) < 100  # .metadata names its dir
+    pickled = saves["async-idle-overlap-direct-pickle"][0]  # every tensor through torch.save
+    assert pickled["error"] is None
+    assert abs(pickled["size_bytes"] - direct["size_bytes"]) < 100
 
 
 def test_baselines_can_be_measured_in_every_nth_trial_only(tmp_path):

@@ -329,19 +329,22 @@ def stall_worker(
 
     root = Path(out_dir)
     ckpts = {}
-    for variant in variants:  # "<priority>:<overlap|copy>[:<direct|buffered|null>[:dcp]]"
-        priority, staging, io, stager = (variant + ":direct:toolkit").split(":")[:4]
+    for variant in variants:  # "<priority>:<overlap|copy>[:<direct|buffered|null>[:dcp|pickle]]"
+        priority, staging, io, save_path = (variant + ":direct:toolkit").split(":")[:4]
         cfg = replace(
             job.checkpoint,
             writer_priority=priority,
             overlap_staging=staging == "overlap",
             direct_io=io == "direct",
         )
-        name = f"async-{priority}-{staging}-{io}" + ("-dcpdefaults" if stager == "dcp" else "")
+        suffix = {"dcp": "-dcpdefaults", "pickle": "-pickle"}.get(save_path, "")
+        name = f"async-{priority}-{staging}-{io}{suffix}"
         storage = discarding_storage() if io == "null" else LocalStorage(cfg.direct_io)
         ckpts[name] = Checkpointer(cfg, root / f"ckpt-{name}", storage, {}, "bench", device)
-        if stager == "dcp":
+        if save_path == "dcp":
             use_dcp_defaults(ckpts[name])
+        elif save_path == "pickle":
+            pickle_every_tensor(ckpts[name])
     # What the checkpoint hook does in the loop: an overlapped copy finishes before the
     # optimizer step changes the state.
     trainer.hooks.append(_WaitStaged(list(ckpts.values())))
@@ -838,9 +841,10 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         default="idle:overlap:direct,idle:overlap:buffered",
         help="async modes, each <checkpoint.writer_priority>:<overlap|copy>[:<direct|buffered|null>"
-        "[:dcp]] (overlap_staging, direct_io; default direct; null: DCP's whole save path, but"
-        " the shard bytes are discarded instead of written; dcp: DCP's defaults, its own stager"
-        " (whose copies hold the GIL) and a fresh plan every save, instead of the toolkit's)",
+        "[:dcp|pickle]] (overlap_staging, direct_io; default direct; null: DCP's whole save path,"
+        " but the shard bytes are discarded instead of written; dcp: DCP's defaults, its own"
+        " stager (whose copies hold the GIL), a fresh plan every save and every tensor pickled,"
+        " instead of the toolkit's; pickle: the toolkit's save with every tensor pickled)",
     )
     s.add_argument(
         "--neighbour-cpu-s",

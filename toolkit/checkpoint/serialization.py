@@ -28,6 +28,7 @@ import torch.utils.serialization
 from toolkit.checkpoint.staging import as_bytes
 
 MAX_LAYOUTS = 4096  # frames kept (~1 KB each); beyond that new layouts use torch.save
+_MAX_FRAME_WRITE = 1 << 16  # a larger write that is not the storage's bytes: no frame learnt
 
 Layout = tuple[Any, ...]
 
@@ -71,6 +72,7 @@ class _Tee(io.RawIOBase):
         self.before: list[bytes] = []
         self.after: list[bytes] = []
         self.data_writes = 0
+        self.unknown = False  # a large write that is not the storage's bytes (none kept)
 
     def writable(self) -> bool:
         return True
@@ -80,6 +82,8 @@ class _Tee(io.RawIOBase):
         written = self._out.write(view)
         if view.nbytes == self._data[1] and self._address(view) == self._data[0]:
             self.data_writes += 1
+        elif view.nbytes > _MAX_FRAME_WRITE:  # e.g. the bytes in pieces: not copied
+            self.unknown = True
         else:
             (self.after if self.data_writes else self.before).append(view.tobytes())
         return written if written is not None else view.nbytes
@@ -119,7 +123,8 @@ class FrameCache:
         storage = tensor.untyped_storage()
         tee = _Tee(stream, storage.data_ptr(), storage.nbytes())
         torch.save(tensor, tee)
-        learnt = (b"".join(tee.before), b"".join(tee.after)) if tee.data_writes == 1 else None
+        found = tee.data_writes == 1 and not tee.unknown
+        learnt = (b"".join(tee.before), b"".join(tee.after)) if found else None
         with self._lock:
             self._frames.setdefault(layout, learnt)
 
