@@ -1,7 +1,6 @@
 """The async save's copy into CPU memory: exact, reusing its buffers, and without holding the
 GIL, so that the training thread keeps running while the state is copied."""
 
-import statistics
 import sys
 import time
 
@@ -77,10 +76,12 @@ def test_staging_leaves_the_gil_to_the_training_thread():
         dcp.close()
     # DCP's storage copies hold the GIL: the training thread waits out every copy (measured
     # here: 0.4-0.9 of the staging time); ours releases it while copying (0.0-0.45, what is
-    # left being the machine's noise and the walk over the state dict).
-    ours_median, dcp_median = statistics.median(shares["ours"]), statistics.median(shares["dcp"])
-    assert dcp_median > 0.4, shares
-    assert ours_median < dcp_median / 2, shares
+    # left being the walk over the state dict and the machine's noise). Noise only ever adds
+    # time kept out, so each stager is judged by its best of five: a copy that holds the GIL
+    # can never do well, one that releases it does whenever the machine lets it.
+    ours_best, dcp_best = min(shares["ours"]), min(shares["dcp"])
+    assert dcp_best > 0.4, shares
+    assert ours_best < dcp_best / 2, shares
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging needs CUDA")
