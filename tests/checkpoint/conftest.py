@@ -131,3 +131,17 @@ def copy_run(checkpointed_run, tmp_path):
         return dst
 
     return make
+
+
+def count_calls(monkeypatch, owner, name: str) -> list[int]:
+    """Replaces `owner.name` with a wrapper that records one entry per call and then calls
+    the real function; returns the record."""
+    calls: list[int] = []
+    real = getattr(owner, name)
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls

@@ -8,6 +8,7 @@ import torch.distributed.checkpoint.default_planner as default_planner
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.planner import SavePlanner
 
+from tests.checkpoint.conftest import count_calls
 from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.checkpoint.layout import committed_path
 from toolkit.checkpoint.planning import PlanCache
@@ -17,15 +18,7 @@ from toolkit.config.checkpoint import CheckpointConfig
 
 def global_plans_built(monkeypatch) -> list[int]:
     """Counts rank 0's global plannings (DCP's own function, wrapped)."""
-    calls: list[int] = []
-    real = default_planner.create_default_global_save_plan
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(default_planner, "create_default_global_save_plan", counted)
-    return calls
+    return count_calls(monkeypatch, default_planner, "create_default_global_save_plan")
 
 
 def save_and_read_back(state, path, planner) -> dict[str, torch.Tensor]:

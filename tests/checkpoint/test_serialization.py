@@ -10,6 +10,7 @@ import torch.distributed.checkpoint as dcp
 import torch.utils.serialization
 from torch.distributed.checkpoint import FileSystemWriter
 
+from tests.checkpoint.conftest import count_calls
 from toolkit.checkpoint import serialization
 from toolkit.checkpoint.serialization import FrameCache, layout_of
 from toolkit.checkpoint.storage import LocalStorage, SafeFileSystemReader
@@ -38,15 +39,7 @@ def shard_bytes(path) -> bytes:
 
 
 def counted_torch_saves(monkeypatch) -> list[int]:
-    calls: list[int] = []
-    real = torch.save
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(serialization.torch, "save", counted)
-    return calls
+    return count_calls(monkeypatch, serialization.torch, "save")
 
 
 @contextlib.contextmanager
