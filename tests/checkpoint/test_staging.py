@@ -1,6 +1,7 @@
 """The async save's copy into CPU memory: exact, reusing its buffers, and without holding the
 GIL, so that the training thread keeps running while the state is copied."""
 
+import statistics
 import sys
 import time
 
@@ -41,26 +42,40 @@ def test_staged_copy_is_exact_and_reuses_its_buffers():
         stager.close()
 
 
+@pytest.fixture
+def one_core_each():
+    """One intra-op thread, so that the staging copy runs on one core and the training thread
+    on the other: what the training thread then waits for is the GIL, not a core. It must be
+    set before the stagers start their threads: a thread keeps the intra-op thread count
+    torch had when it first ran an op (a staging thread started earlier copies on every core
+    and the training thread waits for one, whichever stager copies)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def share_kept_out(stager, source) -> float:
     """The share of the staging time during which the calling thread (the training thread)
-    wanted to run Python and could not. The switch interval is raised so that the GIL
-    changes hands only when a thread gives it up: a copy that holds the GIL keeps the
-    training thread out for the whole copy."""
-    interval, threads = sys.getswitchinterval(), torch.get_num_threads()
+    wanted to run Python and could not: the time `stage` takes to hand the copy to the
+    staging thread (all of the copy, if that thread takes the GIL first), then how late the
+    thread wakes from short sleeps until the copy is done. The switch interval is raised so
+    that the GIL changes hands only when a thread gives it up: a copy that holds the GIL
+    keeps the training thread out for the whole copy."""
+    interval = sys.getswitchinterval()
     sys.setswitchinterval(1.0)
-    torch.set_num_threads(1)  # one core copies, one runs this thread: no wait for a core
     try:
         t0 = time.perf_counter()
         future = stager.stage(source)
+        handed_over = time.perf_counter() - t0
         kept_out = kept_out_while(lambda: not future.done(), tick_s=0.0005, slack_s=0.0005)
         future.result()
-        return kept_out / (time.perf_counter() - t0)
+        return (handed_over + kept_out) / (time.perf_counter() - t0)
     finally:
         sys.setswitchinterval(interval)
-        torch.set_num_threads(threads)
 
 
-def test_staging_leaves_the_gil_to_the_training_thread():
+def test_staging_leaves_the_gil_to_the_training_thread(one_core_each):
     source = {f"t{i}": torch.randn(16_000_000) for i in range(6)}  # 6 x 64 MB
     ours = build_stager(torch.device("cpu"), overlap=True)
     dcp = build_stager(torch.device("cpu"), overlap=True, gil_free=False)  # DCP's, the control
@@ -75,13 +90,11 @@ def test_staging_leaves_the_gil_to_the_training_thread():
         ours.close()
         dcp.close()
     # DCP's storage copies hold the GIL: the training thread waits out every copy (measured
-    # here: 0.4-0.9 of the staging time); ours releases it while copying (0.0-0.45, what is
-    # left being the walk over the state dict and the machine's noise). Noise only ever adds
-    # time kept out, so each stager is judged by its best of five: a copy that holds the GIL
-    # can never do well, one that releases it does whenever the machine lets it.
-    ours_best, dcp_best = min(shares["ours"]), min(shares["dcp"])
-    assert dcp_best > 0.4, shares
-    assert ours_best < dcp_best / 2, shares
+    # on the dev VM: 0.89-1.0 of the staging time); ours releases it while copying (0.002-0.01,
+    # the walk over the state dict between copies).
+    ours, dcp = statistics.median(shares["ours"]), statistics.median(shares["dcp"])
+    assert dcp > 0.5, shares
+    assert ours < 0.1, shares
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned staging needs CUDA")
