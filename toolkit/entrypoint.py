@@ -1,31 +1,20 @@
 """What every rank runs: `python -m toolkit.entrypoint RUN_DIR`.
 
 Reads the resolved config the launcher wrote into RUN_DIR, discovers its place in the job
-from the environment, joins the process group, runs the task, cleans up. A rank that fails
+from the environment, joins the process group, runs the task (toolkit.tasks), cleans up.
+It knows nothing of the launcher: a batch script prepares RUN_DIR with
+`python -m toolkit.launch --compose`. A rank that fails
 logs its traceback (to stderr and RUN_DIR/logs/error-rank<k>.txt) and exits 1 at once, so the
 executor can end the job instead of leaving other ranks waiting in a collective.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
 import traceback
 from pathlib import Path
-
-# task name -> "module:function(job, env, run_dir, device)"; imported lazily.
-TASKS: dict[str, str] = {
-    "train": "toolkit.train.task:run",
-    "bench_collectives": "toolkit.bench.collectives:run",
-    "bench_train": "toolkit.bench.task:run",  # task=train plus memory probes (toolkit.bench)
-}
-
-
-def resolve_task(name: str):
-    module, _, func = TASKS[name].partition(":")
-    return getattr(importlib.import_module(module), func)
 
 
 def setup_logging(rank: int, run_dir: Path) -> None:
@@ -51,6 +40,7 @@ def run_rank(run_dir: Path) -> int:
     from toolkit.distributed.env import discover
     from toolkit.distributed.init import init_distributed, shutdown_distributed
     from toolkit.runinfo import write_snapshot
+    from toolkit.tasks import resolve_task
 
     env = discover()
     setup_logging(env.rank, run_dir)
@@ -85,31 +75,10 @@ def run_rank(run_dir: Path) -> int:
     return int(result.get("exit_code", 0)) if isinstance(result, dict) else 0
 
 
-def compose(overrides: list[str]) -> int:
-    """`--compose OVERRIDE...`: in a batch script, prepare the run dir and print its path."""
-    from toolkit.config.errors import ConfigError
-    from toolkit.launch import prepare_in_allocation
-
-    try:
-        run_dir = prepare_in_allocation(overrides, dict(os.environ))
-    except ConfigError as exc:
-        for line in exc.problems:
-            print(f"error: {line}", file=sys.stderr)
-        return 2
-    print(run_dir)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["--compose"]:
-        return compose(args[1:])
     if len(args) != 1:
-        print(
-            "usage: python -m toolkit.entrypoint RUN_DIR\n"
-            "       python -m toolkit.entrypoint --compose [OVERRIDE ...]  (in a batch script)",
-            file=sys.stderr,
-        )
+        print("usage: python -m toolkit.entrypoint RUN_DIR", file=sys.stderr)
         return 2
     return run_rank(Path(args[0]).resolve())
 

@@ -1,5 +1,6 @@
 """`python -m toolkit.launch [-m] [--cfg job] [OVERRIDE ...]`: compose, validate, prepare the
-run directories, pick the executor, submit, follow.
+run directories, pick the executor, submit, follow. `--compose` is the batch-script side:
+prepare the run dir for the allocation the script runs in and print its path.
 
 Configuration is composed by Hydra from conf/ (every group backed by a dataclass schema);
 `-m` expands sweep overrides (`model=a,b trainer.micro_batch_size=2,4`) with Hydra's own
@@ -10,6 +11,7 @@ Bad input exits 2 before any rank starts, one line per problem.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -18,15 +20,24 @@ from omegaconf import OmegaConf
 
 from toolkit.config.compose import compose_raw, job_to_dict, to_job
 from toolkit.config.errors import ConfigError
-from toolkit.config.validate import validate
+from toolkit.config.validate import RuntimeCheck, validate
 from toolkit.executors import PreparedRun, get_executor
+from toolkit.nccl.checks import check_job as nccl_problems
+from toolkit.tasks import task_problems
+
+# Checks that need the runtime's knowledge (task names, NCCL's variables), beside the
+# config groups' own problems().
+RUNTIME_CHECKS: list[RuntimeCheck] = [task_problems, nccl_problems]
 
 USAGE = """python -m toolkit.launch [-m] [--cfg job] [OVERRIDE ...]
+       python -m toolkit.launch --compose [OVERRIDE ...]   (inside a batch script)
 
   OVERRIDE   Hydra override: group=option (model=gpt_125m), key=value (trainer.steps=50),
              +key=value to add, hydra.run.dir=PATH for the run directory.
   -m         multirun: comma-separated values sweep (model=gpt_tiny,gpt_small).
   --cfg job  print the resolved job config and exit.
+  --compose  in an sbatch script (jobs/train.sbatch): prepare the run dir for this
+             allocation (a requeued job gets its own back), print its path.
 """
 
 
@@ -34,6 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m toolkit.launch", usage=USAGE, add_help=True)
     parser.add_argument("-m", "--multirun", action="store_true")
     parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None)
+    parser.add_argument("--compose", action="store_true")
     parser.add_argument("overrides", nargs="*")
     return parser.parse_intermixed_args(argv)
 
@@ -66,7 +78,7 @@ def prepare(overrides_list: list[list[str]], multirun: bool) -> tuple[list[Prepa
         else:
             run_dir = Path(str(cfg.hydra.run.dir)).resolve()
         job.run_dir = str(run_dir)
-        validate(job)
+        validate(job, RUNTIME_CHECKS)
         runs.append(PreparedRun(job=job, run_dir=run_dir, overrides=overrides))
         cfgs.append(cfg)
     return runs, cfgs
@@ -112,8 +124,22 @@ def prepare_in_allocation(overrides: list[str], environ: dict[str, str]) -> Path
     return run.run_dir
 
 
+def compose_in_allocation(overrides: list[str]) -> int:
+    """`--compose OVERRIDE...`: in a batch script, prepare the run dir and print its path."""
+    try:
+        run_dir = prepare_in_allocation(overrides, dict(os.environ))
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    print(run_dir)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.compose:
+        return compose_in_allocation(args.overrides)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

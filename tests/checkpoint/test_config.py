@@ -2,11 +2,12 @@
 
 import pytest
 
-from toolkit.checkpoint.preemption import classify, parse_slurm_time, signal_number
-from toolkit.config.checkpoint import CheckpointConfig, validate_checkpoint
+from toolkit.config.checkpoint import CheckpointConfig
+from toolkit.config.checkpoint import problems as validate_checkpoint
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import validate
+from toolkit.executors.preemption import classify, parse_slurm_time, signal_number
 
 
 def test_every_checkpoint_option_composes():

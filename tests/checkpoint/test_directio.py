@@ -62,7 +62,7 @@ def test_a_save_records_checksums_of_what_is_on_disk_and_loads_back(
     single_rank_group, tmp_path, direct_io
 ):
     cfg = CheckpointConfig(enabled=True, direct_io=direct_io)
-    ckpt = Checkpointer(cfg, tmp_path, LocalStorage(direct_io), {}, "cfg", torch.device("cpu"))
+    ckpt = Checkpointer(cfg, tmp_path, LocalStorage(direct_io), "{}", "cfg", torch.device("cpu"))
     model, optimizer = model_and_optimizer(seed=0)
     ckpt.save(3, model, optimizer, {"step": 3})
     (done,) = ckpt.wait()
@@ -124,7 +124,7 @@ def test_a_full_disk_fails_the_save_with_the_path_and_keeps_the_previous_one(
     single_rank_group, small_filesystem
 ):
     cfg = CheckpointConfig(enabled=True, keep_last=2)
-    ckpt = Checkpointer(cfg, small_filesystem, LocalStorage(), {}, "cfg", torch.device("cpu"))
+    ckpt = Checkpointer(cfg, small_filesystem, LocalStorage(), "{}", "cfg", torch.device("cpu"))
     model, optimizer = model_and_optimizer(seed=0)
     ckpt.save(1, model, optimizer, {"step": 1})
     (first,) = ckpt.wait()

@@ -15,14 +15,14 @@ from tests.checkpoint.conftest import (
     wait_for,
 )
 from toolkit.checkpoint.manifest import verify
-from toolkit.checkpoint.preemption import EXIT_SAVE_FAILED
+from toolkit.hooks import EXIT_SAVE_FAILED
 
 
 def test_sigkill_during_an_async_save_resumes_from_the_previous_commit(tmp_path, reference, start):
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
     # The save of step 4 stalls in the writer: SIGKILL the whole job while it is in flight.
-    job = start(run_dir, *CKPT, "checkpoint.fault_stall_step=4")
+    job = start(run_dir, *CKPT, "fault.save_stall_step=4")
     wait_for(
         lambda: (
             (ckpts / "step-00000002").is_dir()
@@ -81,7 +81,7 @@ def test_a_truncated_shard_stops_the_job_when_fallback_is_off(copy_run):
 
 def test_disk_full_keeps_the_previous_checkpoint_and_training_goes_on(copy_run):
     run_dir = copy_run()
-    done = launch(run_dir, *CKPT, "trainer.steps=10", "checkpoint.fault_enospc_after_bytes=1000")
+    done = launch(run_dir, *CKPT, "trainer.steps=10", "fault.save_enospc_after_bytes=1000")
     assert done.returncode == 0, done.stderr
     failed = events(run_dir, "checkpoint_failed")
     assert [e["step"] for e in failed] == [10]
@@ -100,7 +100,7 @@ def test_disk_full_stops_cleanly_when_configured(copy_run):
         "checkpoint.enabled=true",
         "checkpoint.interval_steps=1",
         "trainer.steps=14",
-        "checkpoint.fault_enospc_after_bytes=1000",
+        "fault.save_enospc_after_bytes=1000",
         "checkpoint.on_save_error=stop",
     )
     assert done.returncode == EXIT_SAVE_FAILED

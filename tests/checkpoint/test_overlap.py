@@ -23,7 +23,7 @@ def model_and_optimizer(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
 
 def test_state_changed_after_wait_staged_does_not_reach_the_checkpoint(single_rank_group, tmp_path):
     cfg = CheckpointConfig(enabled=True, overlap_staging=True)
-    ckpt = Checkpointer(cfg, tmp_path, LocalStorage(), {}, "cfg", torch.device("cpu"))
+    ckpt = Checkpointer(cfg, tmp_path, LocalStorage(), "{}", "cfg", torch.device("cpu"))
     model, optimizer = model_and_optimizer(seed=0)
     at_save = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -48,7 +48,7 @@ def test_state_changed_after_wait_staged_does_not_reach_the_checkpoint(single_ra
 
 def test_without_overlap_save_returns_with_the_state_already_copied(single_rank_group, tmp_path):
     cfg = CheckpointConfig(enabled=True, overlap_staging=False)
-    ckpt = Checkpointer(cfg, tmp_path, LocalStorage(), {}, "cfg", torch.device("cpu"))
+    ckpt = Checkpointer(cfg, tmp_path, LocalStorage(), "{}", "cfg", torch.device("cpu"))
     model, optimizer = model_and_optimizer(seed=0)
     result = ckpt.save(1, model, optimizer, {"step": 1})
     assert result is not None and result.staged is None

@@ -72,7 +72,7 @@ def test_checkpointer_saves_with_reused_plans_and_forgets_them_on_close(
         CheckpointConfig(enabled=True, keep_last=3),
         tmp_path,
         LocalStorage(),
-        {},
+        "{}",
         "cfg",
         torch.device("cpu"),
     )

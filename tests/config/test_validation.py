@@ -8,7 +8,8 @@ import pytest
 from tests.conftest import launch
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.errors import ConfigError
-from toolkit.config.validate import global_batch_size, micro_batch_size, validate
+from toolkit.config.shape import global_batch_size, micro_batch_size
+from toolkit.config.validate import validate
 
 
 def job(*overrides: str):
@@ -73,12 +74,12 @@ def test_a_value_below_its_minimum_is_one_line_naming_the_minimum(override, mess
 def test_global_batch_decides_the_micro_batch() -> None:
     j = job("trainer.global_batch_size=16", "trainer.grad_accum=2", "cluster.tasks_per_node=2")
     validate(j)
-    assert micro_batch_size(j, 2) == 4 and global_batch_size(j, 2) == 16
+    assert micro_batch_size(j.trainer, 2) == 4 and global_batch_size(j.trainer, 2) == 16
 
 
 def test_micro_batch_times_accum_times_world_is_the_global_batch() -> None:
     j = job("trainer.micro_batch_size=3", "trainer.grad_accum=5")
-    assert global_batch_size(j, 4) == 60
+    assert global_batch_size(j.trainer, 4) == 60
 
 
 def test_time_series_model_needs_returns_data() -> None:

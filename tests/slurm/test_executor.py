@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from toolkit.config.compose import load_job
+from toolkit.events import read_steps
 from toolkit.executors.slurm_sbatch import plan
-from toolkit.train.metrics import read_steps
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,8 +153,8 @@ def test_one_failing_rank_fails_the_whole_job_fast(slurm_cluster, tmp_path):
         slurm_cluster,
         *TINY,
         "trainer.steps=100000",  # hours of work if the failure did not end the job
-        "trainer.fail_at_step=2",
-        "trainer.fail_rank=1",
+        "fault.fail_at_step=2",
+        "fault.fail_rank=1",
         "cluster=slurm",
         "cluster.nodes=2",
         f"hydra.run.dir={tmp_path}",

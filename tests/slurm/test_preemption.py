@@ -32,7 +32,7 @@ COMMON = [
 # The job trains 40 steps in about a second: hold it long enough to be signalled mid-run. The
 # writer of the step-5 save sleeps 5 s before each file it opens, so the loop waits for that
 # save at step 10 (one save in flight); losses are unaffected.
-HOLD = ["checkpoint.fault_stall_step=5", "checkpoint.fault_stall_s=5"]
+HOLD = ["fault.save_stall_step=5", "fault.save_stall_s=5"]
 
 
 def launch(cluster, run_dir: Path, *overrides: str) -> subprocess.CompletedProcess[str]:

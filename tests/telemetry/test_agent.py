@@ -16,10 +16,10 @@ import pytest
 
 from tests.telemetry.fakes import make_mlx5_tree
 from toolkit.config.telemetry import TelemetryConfig
+from toolkit.events import Event, StepRecord
 from toolkit.telemetry.read import load_node, node_files
 from toolkit.telemetry.sink import TelemetrySink, start_agent
 from toolkit.telemetry.transport import Sender, socket_path
-from toolkit.train.metrics import Event, StepRecord
 
 pytestmark = pytest.mark.timeout(60)
 

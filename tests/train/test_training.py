@@ -87,8 +87,8 @@ def test_a_failing_rank_fails_the_job_fast_with_its_error(tmp_path, tiny) -> Non
     result = launch(
         *tiny,
         "trainer.steps=200",
-        "trainer.fail_at_step=3",
-        "trainer.fail_rank=1",
+        "fault.fail_at_step=3",
+        "fault.fail_rank=1",
         f"hydra.run.dir={tmp_path}",
     )
     elapsed = time.time() - started

@@ -39,6 +39,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from toolkit.hooks import Hook
+
 RESULT = "bench-checkpoint.json"
 
 
@@ -254,22 +256,13 @@ def train_one_step(trainer: Any) -> None:
     trainer.state.step += 1
 
 
-class _WaitStaged:
+class _WaitStaged(Hook):
     def __init__(self, ckpts: list[Any]):
         self.ckpts = ckpts
-
-    def on_start(self, trainer: Any) -> None:
-        pass
 
     def before_optimizer_step(self, trainer: Any) -> None:
         for c in self.ckpts:
             c.wait_staged()
-
-    def after_step(self, trainer: Any, record: Any) -> bool:
-        return False
-
-    def on_end(self, trainer: Any) -> None:
-        pass
 
 
 def start_rank(rank: int, world: int, port: int, job: Any, out_dir: str) -> tuple[Any, Any]:
@@ -284,7 +277,7 @@ def start_rank(rank: int, world: int, port: int, job: Any, out_dir: str) -> tupl
     )
     from toolkit.distributed.env import discover
     from toolkit.distributed.init import init_distributed
-    from toolkit.train.task import build_trainer
+    from toolkit.tasks.train import build_trainer
 
     env = discover()
     device = init_distributed(env, 1800)
@@ -340,7 +333,7 @@ def stall_worker(
         suffix = {"dcp": "-dcpdefaults", "pickle": "-pickle"}.get(save_path, "")
         name = f"async-{priority}-{staging}-{io}{suffix}"
         storage = discarding_storage() if io == "null" else LocalStorage(cfg.direct_io)
-        ckpts[name] = Checkpointer(cfg, root / f"ckpt-{name}", storage, {}, "bench", device)
+        ckpts[name] = Checkpointer(cfg, root / f"ckpt-{name}", storage, "{}", "bench", device)
         if save_path == "dcp":
             use_dcp_defaults(ckpts[name])
         elif save_path == "pickle":
@@ -605,7 +598,7 @@ def gil_worker(rank: int, port: int, job: Any, out_dir: str, reps: int) -> None:
     ckpts = {}
     for name in GIL_VARIANTS:
         storage = discarding_storage() if name.endswith("null") else LocalStorage()
-        ckpts[name] = Checkpointer(job.checkpoint, root / name, storage, {}, "bench", device)
+        ckpts[name] = Checkpointer(job.checkpoint, root / name, storage, "{}", "bench", device)
         if name == "dcp":
             use_dcp_defaults(ckpts[name])
         elif name == "toolkit-replan":

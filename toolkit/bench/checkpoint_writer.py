@@ -79,7 +79,7 @@ def run(trials: int, steps: int, out: Path, model: str = "gpt_125m") -> dict[str
     from toolkit.config.compose import compose_raw, to_job
     from toolkit.distributed.env import discover, free_port
     from toolkit.distributed.init import init_distributed, shutdown_distributed
-    from toolkit.train.task import build_trainer
+    from toolkit.tasks.train import build_trainer
 
     os.environ["MASTER_PORT"] = str(free_port())
     job = to_job(

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from toolkit.events import read_steps
 from toolkit.executors import repo_root
-from toolkit.train.metrics import read_steps
 
 TRAINING = [
     "model=gpt_tiny",

@@ -5,7 +5,7 @@ How much does the toolkit's training step cost over a bare, hand-written FSDP2 l
 Both run in the same K processes (gloo on CPU, NCCL on GPU), on the same model class,
 shapes, batches, precision and world size, interleaved for R repetitions (A B, B A, A B, ...):
 
-* A, toolkit: `toolkit.train.task.build_trainer(job, ...)` and `Trainer.fit()` (data loader
+* A, toolkit: `toolkit.tasks.train.build_trainer(job, ...)` and `Trainer.fit()` (data loader
   with prefetch thread, metrics sinks, scheduler, loss all-reduce, hooks: everything).
 * B, bare (`bare_loop` below): fully_shard per block and at the root, AdamW, a loop over
   pre-built batches with forward, backward, grad-norm clipping, step, zero_grad and
@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from toolkit.config.job import JobConfig
+from toolkit.hooks import Hook
 
 DEFAULTS = [
     "model=gpt_small",
@@ -104,7 +105,7 @@ def bare_loop(
 
 
 # -- A: the toolkit ------------------------------------------------------------------------
-class StepClock:
+class StepClock(Hook):
     """Loop hook: now() when fit starts and at the end of every step."""
 
     def __init__(self) -> None:
@@ -113,21 +114,14 @@ class StepClock:
     def on_start(self, trainer: Any) -> None:
         self.ends.append(now())
 
-    def before_optimizer_step(self, trainer: Any) -> None:
-        pass
-
-    def after_step(self, trainer: Any, record: Any) -> bool:
+    def after_step(self, trainer: Any, record: Any, votes: list[float]) -> None:
         self.ends.append(now())
-        return False
-
-    def on_end(self, trainer: Any) -> None:
-        pass
 
 
 def toolkit_loop(
     job: JobConfig, env: Any, run_dir: Path, device: torch.device
 ) -> list[tuple[float, float]]:
-    from toolkit.train.task import build_trainer
+    from toolkit.tasks.train import build_trainer
 
     trainer = build_trainer(job, env, run_dir, device)
     clock = StepClock()

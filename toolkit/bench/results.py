@@ -18,11 +18,11 @@ from omegaconf import OmegaConf
 
 from toolkit.bench.stats import PHASES, step_statistics, steps_by_number, time_to_target
 from toolkit.config.compose import load_job
-from toolkit.config.validate import micro_batch_size
+from toolkit.config.shape import micro_batch_size
+from toolkit.events import read_steps
 from toolkit.perfmodel import Prediction, predict_job
 from toolkit.perfmodel.model import PHASE_OF_TERM
 from toolkit.train.flops import flops_per_token
-from toolkit.train.metrics import read_steps
 
 STEP_FIELDS = ("step", "wall_time", "step_time_s", *PHASES, "loss", "tokens_per_s", "mfu")
 STEP_FIELDS_INT = ("mem_peak_bytes",)
@@ -86,7 +86,7 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
         "hardware": job.hardware.name,
         "world_size": world,
         "nodes": job.cluster.nodes,
-        "micro_batch_size": micro_batch_size(job, world),
+        "micro_batch_size": micro_batch_size(job.trainer, world),
         "grad_accum": job.trainer.grad_accum,
         "seq_len": job.data.seq_len,
         "activation_checkpointing": job.parallel.activation_checkpointing,

@@ -115,9 +115,9 @@ def costs(seconds: float) -> dict:
     import dataclasses
 
     from toolkit.config.telemetry import TelemetryConfig
+    from toolkit.events import StepRecord
     from toolkit.telemetry.sink import TelemetrySink, start_agent
     from toolkit.telemetry.transport import socket_path
-    from toolkit.train.metrics import StepRecord
 
     def record(rank: int, step: int) -> StepRecord:
         return StepRecord(

@@ -98,14 +98,14 @@ class Checkpointer:
         cfg: CheckpointConfig,
         root: Path,
         storage: Storage,
-        config: dict[str, Any],
+        config_text: str,
         config_hash: str,
         device: torch.device,
     ):
         self.cfg = cfg
         self.root = root
         self.storage = storage
-        self.config = config
+        self.config_text = config_text  # the resolved job config, JSON
         self.config_hash = config_hash
         self.device = device
         self.rank = dist.get_rank()
@@ -198,7 +198,7 @@ class Checkpointer:
         self.storage.write_bytes(tmp / rng_file(self.rank), to_json_bytes(capture_rng()))
         if self.rank == 0:
             self.storage.write_bytes(tmp / TRAIN_STATE, to_json_bytes(train_state))
-            self.storage.write_bytes(tmp / CONFIG, to_json_bytes(self.config))
+            self.storage.write_bytes(tmp / CONFIG, self.config_text.encode())
 
     def _commit_loop(self) -> None:
         lower_this_thread(self.cfg.writer_priority)

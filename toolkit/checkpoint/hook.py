@@ -1,84 +1,109 @@
-"""The training-loop hook: resume at start, interval/final/on-demand saves, preemption.
+"""The training-loop hook of checkpointing: resume at start, interval, final and on-demand
+saves, and the committed save that preemption asks for (`commit_now`).
 
-Every decision that changes what ranks do (stop, save now) is agreed at a step boundary with
-one all_reduce MAX over [signal received, save failed and must stop, save requested].
+Decisions that change what ranks do travel as votes in the step's own all-reduce
+(toolkit.hooks): [a save failed and the run must stop, a save was requested]. The save-now
+file is watched by a thread of rank 0, so no step pays for a filesystem call.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from toolkit.checkpoint.checkpointer import Checkpointer, SaveResult
+from toolkit.checkpoint.discovery import committed_steps
 from toolkit.checkpoint.layout import CONFIG, checkpoints_dir
 from toolkit.checkpoint.manifest import CheckpointCorrupt
-from toolkit.checkpoint.preemption import (
-    EXIT_PREEMPTED,
-    EXIT_SAVE_FAILED,
-    SignalFlag,
-    classify,
-    job_end_time,
-    requeue,
-    restart_count,
-    signal_number,
-)
 from toolkit.checkpoint.resume import candidates, choose_together
-from toolkit.checkpoint.state import config_diff, config_hash, restore_rng
+from toolkit.checkpoint.state import ConfigRecord, config_diff, restore_rng
 from toolkit.checkpoint.storage import FaultyStorage, LocalStorage, Storage
 from toolkit.config.checkpoint import CheckpointConfig
-from toolkit.train.metrics import Event, Sink
+from toolkit.config.fault import FaultConfig
+from toolkit.distributed.env import restart_count
+from toolkit.events import Event, Sink, StepRecord
+from toolkit.hooks import EXIT_SAVE_FAILED, CommitStatus, Hook, Stop, TrainerView
 
 log = logging.getLogger(__name__)
 
 SAVE_NOW_FILE = "save-now"  # touch RUN_DIR/checkpoints/save-now to checkpoint at the next step
+SAVE_NOW_POLL_S = 1.0  # how often rank 0's watcher looks for it
 
 
-def build_storage(cfg: CheckpointConfig, step_stalled: bool = False) -> Storage:
-    if cfg.fault_enospc_after_bytes is not None or step_stalled:
+def build_storage(cfg: CheckpointConfig, fault: FaultConfig, step_stalled: bool = False) -> Storage:
+    if fault.save_enospc_after_bytes is not None or step_stalled:
         return FaultyStorage(
-            cfg.fault_enospc_after_bytes,
-            cfg.fault_stall_s if step_stalled else 0.0,
+            fault.save_enospc_after_bytes,
+            fault.save_stall_s if step_stalled else 0.0,
             cfg.direct_io,
             cfg.cache_headers,
         )
     return LocalStorage(cfg.direct_io, cfg.cache_headers)
 
 
-class CheckpointHook:
+class SaveNowWatcher:
+    """Rank 0's thread that turns the save-now file into a request (removing the file)."""
+
+    def __init__(self, trigger: Path, poll_s: float = SAVE_NOW_POLL_S):
+        self.trigger = trigger
+        self.poll_s = poll_s
+        self.requested = threading.Event()
+        self._stop = threading.Event()
+        self._look()  # a file left before the start counts for the first step
+        self._thread = threading.Thread(target=self._watch, name="save-now-watcher", daemon=True)
+        self._thread.start()
+
+    def _look(self) -> None:
+        try:
+            if self.trigger.exists():
+                self.trigger.unlink(missing_ok=True)
+                self.requested.set()
+        except OSError as exc:  # a failed look is retried next time
+            log.warning("save-now: cannot check %s: %s", self.trigger, exc)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._look()
+
+    def take(self) -> bool:
+        """Whether a save was requested since the last call."""
+        if self.requested.is_set():
+            self.requested.clear()
+            return True
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class CheckpointHook(Hook):
+    num_votes = 2  # [a failed save must stop the run, a save was requested]
+
     def __init__(
         self,
         cfg: CheckpointConfig,
         run_dir: Path,
-        config: dict[str, Any],
+        config: ConfigRecord,
         sink: Sink,
-        *,
-        signal_name: str = "USR2",
-        signal_lead_s: float = 120.0,
-        slurm_job_id: str | None = None,
+        fault: FaultConfig | None = None,
     ):
         self.cfg = cfg
         self.root = checkpoints_dir(run_dir)
         self.config = config
-        self.config_hash = config_hash(config)
         self.sink = sink
-        self.signal_lead_s = signal_lead_s
-        self.slurm_job_id = slurm_job_id
-        self._signals = sorted({signal_number(signal_name), int(signal.SIGTERM)})
-        self.flag: SignalFlag | None = None
+        self.fault = fault or FaultConfig()
         self.ckpt: Checkpointer | None = None
-        self.storage: Storage = build_storage(cfg)
+        self.storage: Storage = build_storage(cfg, self.fault)
+        self.watcher: SaveNowWatcher | None = None
         self._save_failed = False
         self._requested = False
-        self._stop_reason: str | None = None
-        self._signal_name = "none"
         self._verify_s = 0.0
 
     def request_save(self) -> None:
@@ -86,18 +111,14 @@ class CheckpointHook:
         self._requested = True
 
     # -- start: resume -------------------------------------------------------------------
-    def on_start(self, trainer: Any) -> None:
+    def on_start(self, trainer: TrainerView) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.ckpt = Checkpointer(
-            self.cfg, self.root, self.storage, self.config, self.config_hash, trainer.device
+            self.cfg, self.root, self.storage, self.config.text, self.config.hash, trainer.device
         )
-        self.flag = SignalFlag(self._signals)
         if trainer.rank == 0:
-            log.info(
-                "checkpoints in %s; preemption signals armed: %s",
-                self.root,
-                ", ".join(signal.Signals(s).name for s in self._signals),
-            )
+            log.info("checkpoints in %s", self.root)
+            self.watcher = SaveNowWatcher(self.root / SAVE_NOW_FILE)
         path = self._pick_resume_path(trainer.rank, trainer.world_size)
         if path is not None:
             self._resume(trainer, Path(path))
@@ -124,22 +145,19 @@ class CheckpointHook:
         self._verify_s = time.perf_counter() - t0
         return None if path is None else str(path)
 
-    def _resume(self, trainer: Any, path: Path) -> None:
+    def _resume(self, trainer: TrainerView, path: Path) -> None:
         assert self.ckpt is not None
         t0 = time.time()
         saved_config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).is_file() else {}
         diff = [
             d
-            for d in config_diff(saved_config, self.config)
+            for d in config_diff(saved_config, self.config.as_dict())
             if not d.startswith(("checkpoint.", "run_dir:"))
         ]
         if diff and trainer.rank == 0:
             log.warning("config differs from the checkpoint's: %s", "; ".join(diff[:20]))
         state, rng = self.ckpt.load(path, trainer.model, trainer.optimizer)
-        trainer.state.step = int(state["step"])
-        trainer.state.tokens_seen = int(state["tokens_seen"])
-        trainer.scheduler.load_state_dict(state["scheduler"])
-        trainer.loader.load_state_dict(state["loader"])
+        trainer.load_state_dict(state)
         if rng is not None:
             restore_rng(rng)
         else:
@@ -153,7 +171,7 @@ class CheckpointHook:
                 "restart",
                 t0,
                 time.time(),
-                trainer.state.step,
+                trainer.step,
                 trainer.rank,
                 {
                     "checkpoint": str(path),
@@ -166,69 +184,68 @@ class CheckpointHook:
                 },
             )
         )
-        log.info("resumed from %s at step %d", path, trainer.state.step)
+        log.info("resumed from %s at step %d", path, trainer.step)
 
     # -- every step ----------------------------------------------------------------------
-    def before_optimizer_step(self, trainer: Any) -> None:
+    def before_optimizer_step(self, trainer: TrainerView) -> None:
         """An overlapped checkpoint copy must finish before the optimizer changes the state."""
         if self.ckpt is not None:
             self.ckpt.wait_staged()
 
-    def after_step(self, trainer: Any, record: Any) -> bool:
-        assert self.ckpt is not None and self.flag is not None
+    def votes(self, trainer: TrainerView) -> list[float]:
+        assert self.ckpt is not None
         self._report(trainer, self.ckpt.poll())
-        requested = self._requested or self._save_now_file(trainer.rank)
+        requested = self._requested or (self.watcher is not None and self.watcher.take())
         self._requested = False
         stop_on_error = self._save_failed and self.cfg.on_save_error == "stop"
-        local = torch.tensor(
-            [float(self.flag.signum or 0), float(stop_on_error), float(requested)],
-            device=trainer.device,
-        )
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        signum, failed, requested = (int(v) for v in local.tolist())
-        self._signal_name = signal.Signals(signum).name if signum else "none"
-        step = trainer.state.step
-        if signum:  # any rank got a signal: every rank checkpoints and stops here
-            return self._preempted(trainer)
+        return [float(stop_on_error), float(requested)]
+
+    def after_step(
+        self, trainer: TrainerView, record: StepRecord, votes: list[float]
+    ) -> Stop | None:
+        failed, requested = (v > 0 for v in votes)
         if failed:
             log.error("stopping: a checkpoint could not be written (checkpoint.on_save_error=stop)")
-            trainer.state.extra["exit_code"] = EXIT_SAVE_FAILED
-            self._stop_reason = "checkpoint failed"
-            return True
-        last = step >= trainer.cfg.steps and self.cfg.save_final
+            return Stop("checkpoint failed", exit_code=EXIT_SAVE_FAILED, save=False)
+        step = trainer.step
         interval = self.cfg.interval_steps > 0 and step % self.cfg.interval_steps == 0
-        if requested or interval or last:
+        if requested or interval:
             self._save(trainer, blocking=False)
-        return False
+        return None
 
-    def _save_now_file(self, rank: int) -> bool:
-        trigger = self.root / SAVE_NOW_FILE
-        if rank != 0 or not trigger.exists():
-            return False
-        trigger.unlink(missing_ok=True)
-        return True
+    def on_stop(self, trainer: TrainerView, stop: Stop) -> Stop | None:
+        """The final checkpoint (completed, time budget, target loss, preemption)."""
+        if stop.save and self.cfg.save_final:
+            self._save(trainer, blocking=False)
+        return None
 
-    def _save(self, trainer: Any, blocking: bool) -> None:
+    def _save(self, trainer: TrainerView, blocking: bool) -> None:
         assert self.ckpt is not None
-        stalled = self.cfg.fault_stall_step == trainer.state.step
-        if stalled or self.cfg.fault_enospc_after_bytes is not None:
-            self.ckpt.storage = build_storage(self.cfg, stalled)  # fault injection (tests)
-        state = {
-            "step": trainer.state.step,
-            "tokens_seen": trainer.state.tokens_seen,
-            "scheduler": trainer.scheduler.state_dict(),
-            "loader": trainer.loader.state_dict(),
-            "world_size": trainer.world_size,
-            "config_hash": self.config_hash,
-            "extra": trainer.state.extra,
-        }
-        self.ckpt.save(
-            trainer.state.step, trainer.model, trainer.optimizer, state, blocking=blocking
-        )
+        stalled = self.fault.save_stall_step == trainer.step
+        if stalled or self.fault.save_enospc_after_bytes is not None:
+            self.ckpt.storage = build_storage(self.cfg, self.fault, stalled)  # fault injection
+        state = {**trainer.state_dict(), "config_hash": self.config.hash}
+        self.ckpt.save(trainer.step, trainer.model, trainer.optimizer, state, blocking=blocking)
         if blocking:
             self._report(trainer, self.ckpt.poll())
 
-    def _report(self, trainer: Any, results: list[SaveResult]) -> None:
+    def commit_now(self, trainer: TrainerView, retry: bool = False) -> CommitStatus:
+        """Save this step (again, with retry) and wait for its commit; every rank calls it
+        and gets rank 0's view (rank 0 commits)."""
+        assert self.ckpt is not None
+        if retry:
+            self.ckpt.last_step = None  # the step's first try failed: write it again
+        self._save(trainer, blocking=True)
+        status: list[Any] = [None]
+        if trainer.rank == 0:
+            steps = committed_steps(self.storage, self.root)
+            status[0] = (trainer.step in steps, max(steps) if steps else None)
+        if trainer.world_size > 1:
+            dist.broadcast_object_list(status, src=0)
+        committed, latest = status[0]
+        return CommitStatus(step_committed=bool(committed), latest_step=latest)
+
+    def _report(self, trainer: TrainerView, results: list[SaveResult]) -> None:
         for r in results:
             attrs = {
                 "path": str(r.path),
@@ -264,74 +281,10 @@ class CheckpointHook:
                 )
             )
 
-    # -- preemption ----------------------------------------------------------------------
-    def _preempted(self, trainer: Any) -> bool:
-        assert self.ckpt is not None and self.flag is not None
-        t0 = time.time()
-        step = trainer.state.step
-        self._save(trainer, blocking=True)  # waits for any save in flight, then this one
-        reason, requeued = "signal", False
-        job_id = self.slurm_job_id
-        if job_id is not None:
-            reason = (
-                classify(job_end_time(job_id), time.time(), self.signal_lead_s)
-                if trainer.rank == 0
-                else "slurm"
-            )
-        attrs: dict[str, Any] = {
-            "signal": self._signal_name,
-            "reason": reason,
-            "slurm_job_id": job_id,
-        }
-        if job_id is not None and trainer.rank == 0:
-            restarts = restart_count()
-            attrs["restart_count"] = restarts
-            if not self.cfg.requeue:
-                log.warning("checkpoint.requeue=false: not requeueing job %s", job_id)
-            elif restarts >= self.cfg.max_restarts:
-                log.error(
-                    "job %s restarted %d times (checkpoint.max_restarts=%d): not requeueing",
-                    job_id,
-                    restarts,
-                    self.cfg.max_restarts,
-                )
-            else:
-                requeued = requeue(job_id)
-                log.warning(
-                    "%s (%s) at step %d: checkpointed; job %s requeued=%s",
-                    reason,
-                    self._signal_name,
-                    step,
-                    job_id,
-                    requeued,
-                )
-        attrs["requeued"] = requeued
-        self.sink.write_event(Event("preemption", t0, time.time(), step, trainer.rank, attrs))
-        self._stop_reason = f"{reason} ({self._signal_name})"
-        if job_id is None:
-            trainer.state.extra["exit_code"] = EXIT_PREEMPTED
-            if trainer.rank == 0:
-                log.warning(
-                    "received %s: checkpointed step %d; exiting with code %d. Relaunch with the "
-                    "same hydra.run.dir to resume.",
-                    self._signal_name,
-                    step,
-                    EXIT_PREEMPTED,
-                )
-        return True
-
     # -- end -----------------------------------------------------------------------------
-    def on_end(self, trainer: Any) -> None:
+    def on_end(self, trainer: TrainerView) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
         if self.ckpt is not None:
             self.ckpt.close()  # the save in flight commits before the process ends
             self._report(trainer, self.ckpt.poll())
-        if self.flag is not None:
-            self.flag.close()
-        if self._stop_reason is not None:
-            trainer.stop_reason = self._stop_reason  # the loop only knows "stopped by hook"
-
-
-def slurm_job_id(env_source: str) -> str | None:
-    """The job to requeue: SLURM_JOB_ID when the ranks were started by Slurm (srun), not
-    when a local job merely runs inside an allocation."""
-    return (os.environ.get("SLURM_JOB_ID") or None) if env_source == "slurm" else None

@@ -8,6 +8,7 @@ import base64
 import hashlib
 import json
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,22 @@ def config_hash(config: dict[str, Any]) -> str:
     """sha256 of the canonical JSON of the resolved config."""
     text = json.dumps(config, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ConfigRecord:
+    """The resolved job config as the checkpoint keeps it: canonical JSON and its hash
+    (the checkpoint component gets this, not the job object)."""
+
+    text: str
+    hash: str
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> ConfigRecord:
+        return cls(json.dumps(config, sort_keys=True, default=str), config_hash(config))
+
+    def as_dict(self) -> dict[str, Any]:
+        return json.loads(self.text)
 
 
 def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = "") -> list[str]:

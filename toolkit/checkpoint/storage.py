@@ -1,7 +1,7 @@
 """Where checkpoints live, behind a small interface so that faults can be injected.
 
 `LocalStorage` is a POSIX directory tree. `FaultyStorage` is the same with injected write
-faults (ENOSPC after N bytes, or a stall), used by tests through checkpoint.fault_* settings.
+faults (ENOSPC after N bytes, or a stall), used by tests through the fault.save_* settings.
 DCP reads and writes go through `dcp_writer` / `dcp_reader`; the reader loads DCP's
 `.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code.
 The writer skips the zip CRC-32 that `torch.save` computes per tensor (it cost ~1 s of CPU

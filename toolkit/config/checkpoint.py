@@ -40,18 +40,13 @@ class CheckpointConfig:
     # once per layout, instead of pickling it every save (the same bytes, less Python on the
     # save's thread: see toolkit.checkpoint.serialization); false: torch.save per tensor.
     cache_headers: bool = True
-    # Fault injection for tests: the writer fails with ENOSPC once a rank has written this
-    # many bytes of one checkpoint, or stalls for fault_stall_s at step fault_stall_step.
-    fault_enospc_after_bytes: int | None = None
-    fault_stall_step: int | None = None
-    fault_stall_s: float = 3600.0
 
     ON_CORRUPT = ("fallback", "fail")
     ON_SAVE_ERROR = ("continue", "stop")
     WRITER_PRIORITY = ("idle", "low", "normal")  # see toolkit.checkpoint.priority
 
 
-def validate_checkpoint(cfg: CheckpointConfig) -> list[str]:
+def problems(cfg: CheckpointConfig) -> list[str]:
     """Problems with the checkpoint group, one line each (field, value, what is allowed)."""
     p = []
     if cfg.interval_steps < 0:
@@ -71,8 +66,4 @@ def validate_checkpoint(cfg: CheckpointConfig) -> list[str]:
     )
     if cfg.max_restarts < 0:
         p.append(f"checkpoint.max_restarts={cfg.max_restarts}: must be >= 0")
-    if cfg.fault_enospc_after_bytes is not None and cfg.fault_enospc_after_bytes < 0:
-        p.append(
-            f"checkpoint.fault_enospc_after_bytes={cfg.fault_enospc_after_bytes}: must be >= 0"
-        )
     return p

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from toolkit.config.errors import below_minimum
+
 # sbatch --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}")
 _MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
@@ -78,4 +80,27 @@ def slurm_problems(c: ClusterConfig) -> list[str]:
                 f"cluster.sbatch_extra: '{line}' is not an sbatch long option; "
                 "use '--name=value' or '--flag'"
             )
+    return p
+
+
+def problems(c: ClusterConfig) -> list[str]:
+    """Problems with the cluster group, one line each (the sbatch fields on Slurm)."""
+    p = []
+    if c.kind not in ClusterConfig.KINDS:
+        p.append(
+            f"cluster.kind={c.kind}: unknown executor; allowed: {', '.join(ClusterConfig.KINDS)}"
+        )
+    if c.tasks_per_node is not None and c.tasks_per_node < 1:
+        p.append(
+            f"cluster.tasks_per_node={c.tasks_per_node}: must be >= 1 (or null for one per GPU)"
+        )
+    p += below_minimum(
+        "cluster", c, {"nodes": 1, "gpus_per_node": 0, "array_parallelism": 1, "signal_lead_s": 0}
+    )
+    if c.kind == "local" and c.nodes != 1:
+        p.append(
+            f"cluster.nodes={c.nodes}: cluster=local runs on this machine only; use 1, or cluster=slurm"
+        )
+    if c.kind == "slurm":
+        p += slurm_problems(c)
     return p

@@ -43,8 +43,8 @@ class CollectivesConfig:
     TIME_REDUCE = ("avg", "max", "min", "rank0")
 
 
-def collectives_problems(cfg: CollectivesConfig, world_size: int) -> list[str]:
-    """One line per invalid field (registered in toolkit.config.validate.VALIDATORS)."""
+def problems(cfg: CollectivesConfig, world_size: int) -> list[str]:
+    """One line per invalid field."""
     p = []
     bad_ops = [op for op in cfg.ops if op not in CollectivesConfig.OPS]
     if bad_ops or not cfg.ops:

@@ -9,6 +9,7 @@ from toolkit.config.checkpoint import CheckpointConfig
 from toolkit.config.cluster import ClusterConfig
 from toolkit.config.collectives import CollectivesConfig
 from toolkit.config.data import DataConfig
+from toolkit.config.fault import FaultConfig
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.launch import LaunchConfig
 from toolkit.config.model import ModelConfig
@@ -35,7 +36,8 @@ class JobConfig:
     nccl: NcclConfig = field(default_factory=NcclConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
-    task: str = "train"  # what every rank runs: see toolkit.entrypoint.TASKS
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    task: str = "train"  # what every rank runs: see toolkit.tasks.TASKS
     seed: int = 0
     run_dir: str | None = None  # filled in by the launcher from hydra.run.dir / hydra.sweep.dir
 
@@ -55,4 +57,5 @@ GROUPS: dict[str, type] = {
     "nccl": NcclConfig,
     "launch": LaunchConfig,
     "collectives": CollectivesConfig,
+    "fault": FaultConfig,
 }

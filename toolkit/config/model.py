@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.config.errors import below_minimum
+
 
 @dataclass
 class ModelConfig:
@@ -20,3 +22,20 @@ class ModelConfig:
     init_std: float = 0.02
 
     KINDS = ("gpt", "timeseries")
+
+
+def problems(m: ModelConfig) -> list[str]:
+    """Problems with the model's shape, one line each."""
+    p = []
+    if m.kind not in ModelConfig.KINDS:
+        p.append(
+            f"model.kind={m.kind}: unknown model kind; allowed: {', '.join(ModelConfig.KINDS)}"
+        )
+    p += below_minimum(
+        "model", m, dict.fromkeys(("num_layers", "dim", "num_heads", "max_seq_len"), 1)
+    )
+    if m.num_heads >= 1 and m.dim % m.num_heads:
+        p.append(f"model.dim={m.dim}: must be divisible by model.num_heads={m.num_heads}")
+    if m.kind == "timeseries" and m.num_series < 1:
+        p.append(f"model.num_series={m.num_series}: must be >= 1 for the time-series model")
+    return p

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.config.errors import below_minimum
+
 
 @dataclass
 class OptimConfig:
@@ -18,3 +20,11 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
     NAMES = ("adamw",)
+
+
+def problems(o: OptimConfig) -> list[str]:
+    """Problems with the optimizer group, one line each."""
+    p = below_minimum("optim", o, {"warmup_steps": 0})
+    if o.lr <= 0:
+        p.append(f"optim.lr={o.lr}: must be > 0")
+    return p

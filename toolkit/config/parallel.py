@@ -16,3 +16,13 @@ class ParallelConfig:
     # Build parameters on the meta device and initialise after sharding (for models that do
     # not fit in host memory per rank). Initialisation then depends on the world size.
     meta_init: bool = False
+
+
+def problems(par: ParallelConfig, world: int) -> list[str]:
+    """Problems with the parallel layout for a job of `world` ranks, one line each."""
+    if par.replicate < 1 or world % par.replicate:
+        return [
+            f"parallel.replicate={par.replicate}: must divide the world size {world} "
+            "(HSDP shards within world/replicate ranks)"
+        ]
+    return []

@@ -12,3 +12,13 @@ class PrecisionConfig:
     reduce_dtype: str = "float32"  # dtype of gradient reduce-scatter
 
     DTYPES = ("float32", "bfloat16", "float16")
+
+
+def problems(pr: PrecisionConfig) -> list[str]:
+    """Unknown dtypes, one line each."""
+    return [
+        f"precision.{name}={getattr(pr, name)}: unknown dtype; allowed: "
+        + ", ".join(PrecisionConfig.DTYPES)
+        for name in ("param_dtype", "reduce_dtype")
+        if getattr(pr, name) not in PrecisionConfig.DTYPES
+    ]

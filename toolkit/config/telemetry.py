@@ -37,23 +37,25 @@ class TelemetryConfig:
     close_timeout_s: float = 10.0  # how long rank close waits for the agent's final flush
 
     def __post_init__(self) -> None:
-        p = []
-        if not 0.1 <= self.interval_s <= 3600:
-            p.append(f"telemetry.interval_s={self.interval_s}: must be in [0.1, 3600] seconds")
-        if not 0.1 <= self.flush_interval_s <= 3600:
-            p.append(
-                f"telemetry.flush_interval_s={self.flush_interval_s}: must be in [0.1, 3600] seconds"
-            )
-        if self.compression not in COMPRESSIONS:
-            p.append(
-                f"telemetry.compression={self.compression}: allowed: {', '.join(COMPRESSIONS)}"
-            )
-        if not 0 <= self.compression_level <= 9:
-            p.append(f"telemetry.compression_level={self.compression_level}: must be in 0..9")
-        p += below_minimum(
-            "telemetry", self, {"chunk_rows": 16, "max_pending": 0, "close_timeout_s": 0}
+        # The agent builds one from its spec: a bad value must fail there too.
+        _check(problems(self))
+
+
+def problems(cfg: TelemetryConfig) -> list[str]:
+    """Problems with the telemetry group, one line each."""
+    p = []
+    if not 0.1 <= cfg.interval_s <= 3600:
+        p.append(f"telemetry.interval_s={cfg.interval_s}: must be in [0.1, 3600] seconds")
+    if not 0.1 <= cfg.flush_interval_s <= 3600:
+        p.append(
+            f"telemetry.flush_interval_s={cfg.flush_interval_s}: must be in [0.1, 3600] seconds"
         )
-        _check(p)
+    if cfg.compression not in COMPRESSIONS:
+        p.append(f"telemetry.compression={cfg.compression}: allowed: {', '.join(COMPRESSIONS)}")
+    if not 0 <= cfg.compression_level <= 9:
+        p.append(f"telemetry.compression_level={cfg.compression_level}: must be in 0..9")
+    p += below_minimum("telemetry", cfg, {"chunk_rows": 16, "max_pending": 0, "close_timeout_s": 0})
+    return p
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.config.errors import below_minimum
+
 
 @dataclass
 class TrainerConfig:
@@ -20,5 +22,20 @@ class TrainerConfig:
     target_val_loss: float | None = None
     time_budget_s: float | None = None
     progress: bool = True  # rich progress bar on rank 0
-    fail_at_step: int | None = None  # fault injection for tests: raise on fail_rank at this step
-    fail_rank: int = 0
+
+
+def problems(t: TrainerConfig, world: int) -> list[str]:
+    """Problems with the trainer group for a job of `world` ranks, one line each."""
+    p = below_minimum("trainer", t, {"steps": 1, "grad_accum": 1})
+    if t.grad_accum < 1:
+        return p
+    if t.global_batch_size is not None:
+        unit = world * t.grad_accum
+        if t.global_batch_size < unit or t.global_batch_size % unit:
+            p.append(
+                f"trainer.global_batch_size={t.global_batch_size}: must be a positive multiple of "
+                f"world size x grad_accum = {world} x {t.grad_accum} = {unit}"
+            )
+    else:
+        p += below_minimum("trainer", t, {"micro_batch_size": 1})
+    return p

@@ -163,3 +163,12 @@ def _slurm_tasks_on_node(env: dict[str, str]) -> int:
             counts += [int(m.group(1))] * int(m.group(2) or 1)
     node = int(env.get("SLURM_NODEID", "0"))
     return counts[node] if node < len(counts) else (counts[0] if counts else 1)
+
+
+def restart_count(environ: dict[str, str] | None = None) -> int:
+    """The job attempt: Slurm's restart count (requeues), 0 when run locally."""
+    env = os.environ if environ is None else environ
+    try:
+        return int(env.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        return 0

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from toolkit.config.validate import tasks_per_node
+from toolkit.config.shape import tasks_per_node
 from toolkit.distributed.env import free_port
 from toolkit.executors import PreparedRun, repo_root
 

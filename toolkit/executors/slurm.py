@@ -20,7 +20,7 @@ from typing import TextIO
 import submitit
 from submitit.core.utils import FailedJobError
 
-from toolkit.config.validate import tasks_per_node
+from toolkit.config.shape import tasks_per_node
 from toolkit.executors import PreparedRun, repo_root
 from toolkit.executors.slurm_jobs import (
     JobState,

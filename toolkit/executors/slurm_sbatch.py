@@ -16,7 +16,7 @@ from typing import Any
 from submitit.slurm.slurm import _make_sbatch_string
 
 from toolkit.config.cluster import ClusterConfig, parse_sbatch_extra
-from toolkit.config.validate import tasks_per_node
+from toolkit.config.shape import tasks_per_node
 
 # One rank failing ends the step at once instead of leaving the others in a collective.
 SRUN_ARGS = ["--kill-on-bad-exit=1"]

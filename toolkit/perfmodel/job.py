@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from toolkit.config.job import JobConfig
-from toolkit.config.validate import micro_batch_size, tasks_per_node, world_size
+from toolkit.config.shape import micro_batch_size, tasks_per_node, world_size
 from toolkit.perfmodel.model import Layout, Prediction, predict
 
 
@@ -13,7 +13,7 @@ def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
     return Layout(
         world_size=world,
         ranks_per_node=min(world, tasks_per_node(job.cluster)),
-        micro_batch_size=micro_batch_size(job, world),
+        micro_batch_size=micro_batch_size(job.trainer, world),
         grad_accum=job.trainer.grad_accum,
         seq_len=job.data.seq_len,
         param_dtype=job.precision.param_dtype,

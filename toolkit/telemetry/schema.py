@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.train.metrics import StepRecord
+from toolkit.events import StepRecord
 
 FORMAT = "toolkit-telemetry"
 FORMAT_VERSION = 1

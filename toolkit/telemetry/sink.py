@@ -18,21 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.config.telemetry import TelemetryConfig
-from toolkit.distributed.env import DistEnv
+from toolkit.distributed.env import DistEnv, restart_count
+from toolkit.events import Event, StepRecord
 from toolkit.telemetry.schema import node_name
 from toolkit.telemetry.transport import Sender, socket_path
-from toolkit.train.metrics import Event, StepRecord
 
 log = logging.getLogger(__name__)
-
-
-def attempt_from_env(environ: dict[str, str] | None = None) -> int:
-    """The job attempt: Slurm's restart count (requeues), 0 when run locally."""
-    env = os.environ if environ is None else environ
-    try:
-        return int(env.get("SLURM_RESTART_COUNT") or 0)
-    except ValueError:
-        return 0
 
 
 def ranks_by_node(env: DistEnv) -> dict[str, list[int]]:
@@ -136,7 +127,7 @@ def build_telemetry_sinks(cfg: TelemetryConfig, env: DistEnv, run_dir: Path) -> 
         nodes = ranks_by_node(env)
         node = node_name()
         ranks = nodes.get(node, [env.rank])
-        restart = attempt_from_env()
+        restart = restart_count()
         path = socket_path(run_dir, node, env.job_id, restart)
         agent = None
         if env.rank == min(ranks):

@@ -1,7 +1,9 @@
 """The training loop: micro-batches with gradient accumulation, clipping, schedule, metrics.
 
 The loop knows nothing about checkpointing, telemetry or preemption: those attach as hooks
-(`Hook`), called on rank-symmetric points so that collectives inside hooks are safe.
+(`toolkit.hooks`), called on rank-symmetric points so that collectives inside hooks are
+safe. Per step the loop runs one all-reduce besides the model's own: the loss, the loop's
+own stop vote (time budget) and every hook's votes, summed together.
 """
 
 from __future__ import annotations
@@ -10,18 +12,20 @@ import logging
 import resource
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from toolkit.config.fault import FaultConfig
 from toolkit.config.trainer import TrainerConfig
 from toolkit.distributed.fsdp import clip_grad_norm_
+from toolkit.events import Event, Sink, StepRecord
+from toolkit.hooks import Hook, Stop, split_votes
 from toolkit.train.data import Loader
 from toolkit.train.flops import mfu
-from toolkit.train.metrics import Event, Sink, StepRecord
 
 log = logging.getLogger(__name__)
 
@@ -30,24 +34,6 @@ log = logging.getLogger(__name__)
 class TrainState:
     step: int = 0  # optimizer steps completed
     tokens_seen: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class Hook(Protocol):
-    """Attach behaviour to the loop. All ranks call each method at the same point."""
-
-    def on_start(self, trainer: Trainer) -> None: ...
-
-    def before_optimizer_step(self, trainer: Trainer) -> None:
-        """Called after forward/backward and clipping, right before parameters and optimizer
-        state change (e.g. to wait for a checkpoint's copy of them)."""
-        ...
-
-    def after_step(self, trainer: Trainer, record: StepRecord) -> bool:
-        """Return True to stop training after this step (e.g. preemption)."""
-        ...
-
-    def on_end(self, trainer: Trainer) -> None: ...
 
 
 def peak_memory_bytes(device: torch.device) -> int:
@@ -72,6 +58,7 @@ class Trainer:
         val_loader: Loader | None = None,
         hooks: list[Hook] | None = None,
         grad_clip: float = 1.0,
+        fault: FaultConfig | None = None,
     ):
         self.cfg = cfg
         self.model = model
@@ -85,20 +72,53 @@ class Trainer:
         self.peak_flops = peak_flops
         self.hooks = hooks or []
         self.grad_clip = grad_clip
+        self.fault = fault or FaultConfig()
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.state = TrainState()
         self.losses: list[float] = []
         self.records: list[StepRecord] = []
-        self.stop_reason = "completed"
+        self.stop: Stop | None = None
+        self._started = time.time()
         plan = loader.plan
         self.tokens_per_step = plan.global_batch_size * plan.seq_len
+
+    # -- what hooks see (toolkit.hooks.TrainerView) -------------------------------------
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.steps
+
+    @property
+    def stop_reason(self) -> str:
+        return self.stop.reason if self.stop is not None else "running"
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but model and optimizer that an exact resume needs (JSON-able)."""
+        return {
+            "step": self.state.step,
+            "tokens_seen": self.state.tokens_seen,
+            "scheduler": self.scheduler.state_dict(),
+            "loader": self.loader.state_dict(),
+            "world_size": self.world_size,
+            "global_batch_size": self.loader.plan.global_batch_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.step = int(state["step"])
+        self.state.tokens_seen = int(state["tokens_seen"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.loader.load_state_dict(state["loader"])
 
     # -- one optimizer step ------------------------------------------------------------
     def train_step(
         self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
-    ) -> tuple[float, float, float, float]:
-        """Forward/backward over the micro-batches, then clip and step.
+    ) -> tuple[float, float, float, float, list[float]]:
+        """Forward/backward over the micro-batches, then clip and step. Returns the mean
+        loss, the grad norm, both phases' seconds and the votes summed over ranks.
 
         Non-final micro-steps skip FSDP's reduce-scatter (set_requires_gradient_sync), so
         gradients accumulate unsharded locally and are reduced once."""
@@ -121,10 +141,17 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-        loss_value = loss_sum.item() / self.world_size  # .item() synchronises the device
+        # One all-reduce carries the loss and every stop vote; .tolist() syncs the device.
+        votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
+        summed = torch.cat([loss_sum.view(1), torch.tensor(votes, device=self.device)])
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        values = summed.tolist()
         t2 = time.perf_counter()
-        return loss_value, float(grad_norm), t1 - t0, t2 - t1
+        return values[0] / self.world_size, float(grad_norm), t1 - t0, t2 - t1, values[1:]
+
+    def _time_up(self) -> float:
+        budget = self.cfg.time_budget_s
+        return float(budget is not None and time.time() - self._started >= budget)
 
     @torch.no_grad()
     def evaluate(self) -> float | None:
@@ -140,21 +167,18 @@ class Trainer:
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total.item() / (self.world_size * self.cfg.eval_batches * plan.grad_accum)
 
-    def _agree_stop(self, local: bool) -> bool:
-        flag = torch.tensor([1.0 if local else 0.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item() > 0)
-
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
+        self._started = time.time()
         for hook in self.hooks:
             hook.on_start(self)
         self.loader.load_state_dict({"next_step": self.state.step})
-        started = time.time()
         val_loss = None
+        stop: Stop | None = None
+        stopped_by_hook = False
         self.model.train()
         try:
-            while self.state.step < self.cfg.steps:
+            while stop is None and self.state.step < self.cfg.steps:
                 t_wait = time.perf_counter()
                 data_step, micro_batches = next(self.loader)
                 data_wait = time.perf_counter() - t_wait
@@ -162,12 +186,15 @@ class Trainer:
                     raise RuntimeError(
                         f"data loader at step {data_step}, trainer at {self.state.step}"
                     )
-                if self.cfg.fail_at_step == self.state.step + 1 and self.rank == self.cfg.fail_rank:
+                if (
+                    self.fault.fail_at_step == self.state.step + 1
+                    and self.rank == self.fault.fail_rank
+                ):
                     raise RuntimeError(
-                        f"injected failure at step {self.state.step + 1} (trainer.fail_at_step)"
+                        f"injected failure at step {self.state.step + 1} (fault.fail_at_step)"
                     )
                 lr = self.scheduler.get_last_lr()[0]
-                loss, grad_norm, fb_s, opt_s = self.train_step(micro_batches)
+                loss, grad_norm, fb_s, opt_s, votes = self.train_step(micro_batches)
                 step_time = time.perf_counter() - t_wait
                 self.state.step += 1
                 self.state.tokens_seen += self.tokens_per_step
@@ -191,34 +218,28 @@ class Trainer:
                 self.losses.append(loss)
                 self.records.append(record)
                 self.sink.write_step(record)
-                stop = False
-                for hook in self.hooks:
-                    stop = hook.after_step(self, record) or stop
-                if stop:
-                    self.stop_reason = "stopped by hook"
-                    break
-                if self._should_eval():
+                for hook, share in zip(self.hooks, split_votes(self.hooks, votes[1:]), strict=True):
+                    stop = hook.after_step(self, record, share) or stop
+                stopped_by_hook = stop is not None
+                if stop is None and self._should_eval():
                     val_loss = self._eval_event()
-                    if (
-                        self.cfg.target_val_loss is not None
-                        and val_loss <= self.cfg.target_val_loss
-                    ):
-                        self.stop_reason = "target validation loss reached"
-                        break
-                if self.cfg.time_budget_s is not None and self._agree_stop(
-                    time.time() - started >= self.cfg.time_budget_s
-                ):
-                    self.stop_reason = "time budget reached"
-                    break
+                    target = self.cfg.target_val_loss
+                    if target is not None and val_loss is not None and val_loss <= target:
+                        stop = Stop("target validation loss reached")
+                if stop is None and votes[0] > 0:
+                    stop = Stop("time budget reached")
+            stop = stop or Stop("completed")
+            for hook in self.hooks:  # e.g. the final checkpoint starts here
+                stop = hook.on_stop(self, stop) or stop
             # A hook stop (preemption) must exit within the signal's lead time: no final eval.
-            stopped_by_hook = self.stop_reason == "stopped by hook"
-            if not stopped_by_hook and (self.stop_reason == "completed" or val_loss is None):
+            if not stopped_by_hook and (stop.reason == "completed" or val_loss is None):
                 val_loss = self._eval_event() if self.val_loader is not None else None
         finally:
+            self.stop = stop
             self.loader.close()
             for hook in self.hooks:
                 hook.on_end(self)
-        return self.summary(time.time() - started, val_loss)
+        return self.summary(time.time() - self._started, val_loss)
 
     def _should_eval(self) -> bool:
         every = self.cfg.eval_every
@@ -255,5 +276,6 @@ class Trainer:
             "val_loss": val_loss,
             "peak_memory_bytes": max((r.mem_peak_bytes for r in self.records), default=0),
             "stop_reason": self.stop_reason,
+            "exit_code": self.stop.exit_code if self.stop is not None else 0,
             "world_size": self.world_size,
         }

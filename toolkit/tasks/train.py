@@ -1,5 +1,6 @@
-"""`task=train`: the composition root. Builds each component from its own config and runs
-the loop. This is the only place that sees the whole job config inside a rank."""
+"""`task=train`: the composition root. Builds each component from its own config, wires
+checkpointing and scheduler control to the loop as hooks, and runs it. This is the only
+place that sees the whole job config inside a rank."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ import torch
 import torch.distributed as dist
 
 from toolkit.config.job import JobConfig
-from toolkit.config.validate import micro_batch_size
+from toolkit.config.shape import micro_batch_size
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import build_mesh, local_param_bytes, parallelize
+from toolkit.events import Fanout, JsonlSink, Sink
+from toolkit.hooks import Hook
 from toolkit.telemetry.sink import build_telemetry_sinks
+from toolkit.train.console import ConsoleSink
 from toolkit.train.data import BatchPlan, Loader, open_sources
 from toolkit.train.flops import flops_per_token
-from toolkit.train.loop import Hook, Trainer
-from toolkit.train.metrics import ConsoleSink, Fanout, JsonlSink, Sink
+from toolkit.train.loop import Trainer
 from toolkit.train.models import build_model
 from toolkit.train.optim import build_optimizer, build_scheduler
 
@@ -35,24 +38,26 @@ def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
 
 
 def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
-    """Checkpointing, telemetry and preemption attach here."""
-    hooks: list[Hook] = []
-    if job.checkpoint.enabled:
-        from toolkit.checkpoint.hook import CheckpointHook, slurm_job_id
-        from toolkit.config.compose import job_to_dict
+    """Checkpointing, and with it scheduler control: preemption signals stop every rank at
+    a step boundary, the final checkpoint commits, then the Slurm job is requeued."""
+    if not job.checkpoint.enabled:
+        return []
+    from toolkit.checkpoint.hook import CheckpointHook
+    from toolkit.checkpoint.state import ConfigRecord
+    from toolkit.config.compose import job_to_dict
+    from toolkit.executors.preemption import PreemptionHook, RequeuePolicy, slurm_job_id
 
-        hooks.append(
-            CheckpointHook(
-                job.checkpoint,
-                run_dir,
-                job_to_dict(job),
-                sink,
-                signal_name=job.cluster.signal,
-                signal_lead_s=job.cluster.signal_lead_s,
-                slurm_job_id=slurm_job_id(env.source),
-            )
-        )
-    return hooks
+    checkpoint = CheckpointHook(
+        job.checkpoint, run_dir, ConfigRecord.of(job_to_dict(job)), sink, job.fault
+    )
+    policy = RequeuePolicy(
+        signal_name=job.cluster.signal,
+        signal_lead_s=job.cluster.signal_lead_s,
+        requeue=job.checkpoint.requeue,
+        max_restarts=job.checkpoint.max_restarts,
+        slurm_job_id=slurm_job_id(env.source),
+    )
+    return [checkpoint, PreemptionHook(checkpoint, sink, policy)]
 
 
 def write_shard_info(model: torch.nn.Module, path: Path) -> None:
@@ -85,7 +90,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     plan = BatchPlan(
         seed=job.seed,
         seq_len=job.data.seq_len,
-        micro_batch_size=micro_batch_size(job, world),
+        micro_batch_size=micro_batch_size(job.trainer, world),
         grad_accum=job.trainer.grad_accum,
         world_size=world,
         rank=env.rank,
@@ -110,6 +115,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
         val_loader=val_loader,
         grad_clip=job.optim.grad_clip,
+        fault=job.fault,
     )
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer
@@ -122,7 +128,6 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> di
     finally:
         trainer.sink.close()
     summary["run_dir"] = str(run_dir)
-    summary["exit_code"] = int(trainer.state.extra.pop("exit_code", 0))  # set by a hook
     if env.is_rank0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print_summary(summary)

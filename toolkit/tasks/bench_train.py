@@ -1,6 +1,6 @@
 """`task=bench_train`: the normal training task plus memory probes for the benchmark.
 
-Same trainer as `task=train` (built by toolkit.train.task.build_trainer); in addition each
+Same trainer as `task=train` (built by toolkit.tasks.train.build_trainer); in addition each
 rank records, into RUN_DIR/bench/memory-rank<k>.json, how much memory the model, its
 optimizer state and one step added, so the performance model's memory estimate can be
 checked: on CPU by resident set size (RSS) growth, on CUDA by torch.cuda memory counters.
@@ -17,7 +17,8 @@ import torch
 
 from toolkit.config.job import JobConfig
 from toolkit.distributed.env import DistEnv
-from toolkit.train.metrics import StepRecord
+from toolkit.events import StepRecord
+from toolkit.hooks import Hook, Stop, TrainerView
 
 
 def memory_now(device: torch.device) -> dict[str, int]:
@@ -30,7 +31,7 @@ def memory_now(device: torch.device) -> dict[str, int]:
     return {"rss_bytes": int(psutil.Process().memory_info().rss)}
 
 
-class MemoryProbe:
+class MemoryProbe(Hook):
     """A loop hook: memory before training, after the first step (parameters and optimizer
     state now exist, gradients were freed by zero_grad) and at the end."""
 
@@ -39,25 +40,24 @@ class MemoryProbe:
         self.device = device
         self.samples: dict[str, Any] = {"device": device.type, "before_build": before_build}
 
-    def on_start(self, trainer: Any) -> None:
+    def on_start(self, trainer: TrainerView) -> None:
         self.samples["after_build"] = memory_now(self.device)
 
-    def before_optimizer_step(self, trainer: Any) -> None:
-        pass
-
-    def after_step(self, trainer: Any, record: StepRecord) -> bool:
+    def after_step(
+        self, trainer: TrainerView, record: StepRecord, votes: list[float]
+    ) -> Stop | None:
         if record.step == 1:
             self.samples["after_first_step"] = memory_now(self.device)
-        return False
+        return None
 
-    def on_end(self, trainer: Any) -> None:
+    def on_end(self, trainer: TrainerView) -> None:
         self.samples["end"] = memory_now(self.device)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(self.samples, indent=2))
 
 
 def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> dict[str, Any]:
-    from toolkit.train.task import build_trainer, print_summary
+    from toolkit.tasks.train import build_trainer, print_summary
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

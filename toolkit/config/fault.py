@@ -1,0 +1,36 @@
+"""Fault injection, for tests and drills: every fault is off by default.
+
+One group for every injected failure, so that a test (or a drill on a real cluster) says in
+one place what goes wrong, and production configs never carry such fields elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class FaultConfig:
+    # The training loop raises on rank `fail_rank` at this step (a crashing rank).
+    fail_at_step: int | None = None
+    fail_rank: int = 0
+    # The checkpoint writer fails with ENOSPC once a rank has written this many bytes of
+    # one checkpoint (a full disk).
+    save_enospc_after_bytes: int | None = None
+    # The checkpoint writer of the save at this step stalls for save_stall_s (a slow disk).
+    save_stall_step: int | None = None
+    save_stall_s: float = 3600.0
+
+
+def problems(cfg: FaultConfig) -> list[str]:
+    """Problems with the fault group, one line each."""
+    p = []
+    if cfg.fail_at_step is not None and cfg.fail_at_step < 1:
+        p.append(f"fault.fail_at_step={cfg.fail_at_step}: must be >= 1 (or null)")
+    if cfg.fail_rank < 0:
+        p.append(f"fault.fail_rank={cfg.fail_rank}: must be >= 0")
+    if cfg.save_enospc_after_bytes is not None and cfg.save_enospc_after_bytes < 0:
+        p.append(f"fault.save_enospc_after_bytes={cfg.save_enospc_after_bytes}: must be >= 0")
+    if cfg.save_stall_s < 0:
+        p.append(f"fault.save_stall_s={cfg.save_stall_s}: must be >= 0")
+    return p

@@ -1,0 +1,45 @@
+"""The job's shape as arithmetic: ranks per node, world size, and the batch per rank.
+
+Pure functions of the config (the only probe is how many GPUs this machine has, for
+`tasks_per_node=null` locally); the launcher, executors, the training task, the performance
+model and the benchmarks all take the shape from here, so they cannot disagree about it.
+"""
+
+from __future__ import annotations
+
+from toolkit.config.cluster import ClusterConfig
+from toolkit.config.trainer import TrainerConfig
+
+
+def local_gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - no torch / broken driver: behave as CPU-only
+        return 0
+
+
+def tasks_per_node(cluster: ClusterConfig) -> int:
+    """Resolved ranks per node (None means one per GPU, else 2 locally / 1 on Slurm)."""
+    if cluster.tasks_per_node is not None:
+        return cluster.tasks_per_node
+    if cluster.kind == "slurm":
+        return cluster.gpus_per_node or 1
+    return local_gpu_count() or 2
+
+
+def world_size(cluster: ClusterConfig) -> int:
+    return cluster.nodes * tasks_per_node(cluster)
+
+
+def micro_batch_size(trainer: TrainerConfig, world: int) -> int:
+    """Sequences per rank per micro-step (global_batch_size, when set, decides)."""
+    if trainer.global_batch_size is None:
+        return trainer.micro_batch_size
+    return trainer.global_batch_size // (world * trainer.grad_accum)
+
+
+def global_batch_size(trainer: TrainerConfig, world: int) -> int:
+    """Sequences per optimizer step over all ranks."""
+    return micro_batch_size(trainer, world) * trainer.grad_accum * world

@@ -1,0 +1,113 @@
+"""The training loop's hook contract: what a hook sees of the trainer, what it may answer.
+
+Checkpointing, scheduler control (preemption, requeue) and benchmark probes attach to the
+loop as hooks. They see the trainer through `TrainerView` (its model, optimizer, device,
+place in the job and its state as a dict), never its internals, and they stop it only by
+returning a typed `Stop`. This module sits below the loop and the hooks alike, so that
+neither imports the other.
+
+Every method is called on every rank at the same point of the same step, so a hook may run
+collectives in any of them. Agreement costs no collective of its own: each hook casts
+`votes()` (floats) before the step's loss all-reduce, the loop sums them over ranks in that
+same all-reduce, and `after_step` receives the sums.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from toolkit.events import StepRecord
+
+# Exit statuses with a meaning (sysexits.h), distinct from a crash's 1.
+EXIT_OK = 0
+EXIT_USER_ERROR = 2  # a condition the user can act on (config, checkpoint): one line says what
+EXIT_SAVE_FAILED = 74  # EX_IOERR: stopped because a checkpoint could not be written
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpointed after a signal; relaunch to resume
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Why training stops after this step; every rank returns the same one."""
+
+    reason: str  # e.g. "completed", "time budget reached", "preemption (USR2)"
+    exit_code: int = EXIT_OK
+    save: bool = True  # checkpoint the final state before the process ends (when enabled)
+
+
+@dataclass(frozen=True)
+class CommitStatus:
+    """After a blocking save, the same on every rank: did this step's checkpoint commit,
+    and which is the newest committed one (this step's or an older one)."""
+
+    step_committed: bool
+    latest_step: int | None
+
+
+class TrainerView(Protocol):
+    """What a hook may use of the trainer."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    rank: int
+    world_size: int
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed."""
+        ...
+
+    @property
+    def total_steps(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but model and optimizer that an exact resume needs (JSON-able)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Hook:
+    """A hook with nothing to do; subclasses override what they need."""
+
+    num_votes = 0  # floats this hook adds to the step's all-reduce
+
+    def on_start(self, trainer: TrainerView) -> None:
+        """Before the first step (resume happens here)."""
+
+    def before_optimizer_step(self, trainer: TrainerView) -> None:
+        """After forward/backward and clipping, right before parameters and optimizer state
+        change (e.g. to wait for a checkpoint's copy of them)."""
+
+    def votes(self, trainer: TrainerView) -> list[float]:
+        """This rank's `num_votes` values, summed over ranks with the step's loss."""
+        return []
+
+    def after_step(
+        self, trainer: TrainerView, record: StepRecord, votes: list[float]
+    ) -> Stop | None:
+        """`votes`: the sums over ranks of every rank's votes(). Return a Stop to end
+        training after this step (it must be the same on every rank)."""
+        return None
+
+    def on_stop(self, trainer: TrainerView, stop: Stop) -> Stop | None:
+        """Training stops (for any reason, hooks in order); may return an amended Stop
+        (e.g. another exit status when the final save failed)."""
+        return None
+
+    def on_end(self, trainer: TrainerView) -> None:
+        """Always, last, also after an error (release resources, wait for workers)."""
+
+
+def split_votes(hooks: list[Hook], sums: list[float]) -> list[list[float]]:
+    """The summed votes cut back into each hook's share, in hook order."""
+    shares, at = [], 0
+    for hook in hooks:
+        shares.append(sums[at : at + hook.num_votes])
+        at += hook.num_votes
+    return shares
