@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from tests.nccl.cli import run_module
-from toolkit.bench import collective_ops
-from toolkit.bench.busbw import layout
-from toolkit.bench.collective_ops import build_case
-from toolkit.bench.collectives import EXIT_SLOW, EXIT_WRONG, verdict
-from toolkit.bench.collectives_report import Row, read_h5
+from toolkit.collectives import ops as collective_ops
+from toolkit.collectives.busbw import layout
+from toolkit.collectives.measure import EXIT_SLOW, EXIT_WRONG, verdict
+from toolkit.collectives.ops import build_case
+from toolkit.collectives.report import Row, read_h5
 from toolkit.config.collectives import CollectivesConfig
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from toolkit.bench.busbw import algbw_gbps, bus_factor, busbw_gbps, layout, sweep_sizes
+from toolkit.collectives.busbw import algbw_gbps, bus_factor, busbw_gbps, layout, sweep_sizes
 
 
 def test_all_reduce_on_8_ranks_moves_2_times_7_eighths_of_the_buffer():

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.nccl.cli import REPO, run_module
-from toolkit.bench.collectives_report import read_h5
+from toolkit.collectives.report import read_h5
 
 slurm_conftest = pytest.importorskip(
     "tests.slurm.conftest", reason="the Slurm fixture (tests/slurm/conftest.py) is not merged yet"

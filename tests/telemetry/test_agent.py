@@ -3,7 +3,6 @@ processes can read while it is written and after the agent is SIGKILLed."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from toolkit.config.telemetry import TelemetryConfig
 from toolkit.events import Event, StepRecord
 from toolkit.telemetry.read import load_node, node_files
 from toolkit.telemetry.sink import TelemetrySink, start_agent
+from toolkit.telemetry.spec import AgentSpec
 from toolkit.telemetry.transport import Sender, socket_path
 
 pytestmark = pytest.mark.timeout(60)
@@ -43,23 +43,23 @@ def record(rank: int, step: int) -> StepRecord:
     )
 
 
-def agent_spec(run_dir: Path, sysfs: Path, ranks=(0, 1)) -> tuple[dict, TelemetryConfig]:
+def agent_spec(run_dir: Path, sysfs: Path, ranks=(0, 1)) -> tuple[AgentSpec, TelemetryConfig]:
     cfg = TelemetryConfig(interval_s=0.1, flush_interval_s=0.2, sysfs_root=str(sysfs))
-    spec = {
-        "run_dir": str(run_dir),
-        "node": "testnode",
-        "attempt": 0,
-        "job_id": "777",
-        "node_rank": 0,
-        "ranks": list(ranks),
-        "world_size": len(ranks),
-        "num_nodes": 1,
-        "socket": socket_path(run_dir, "testnode", "777", 0),
-        "parent_pid": os.getpid(),
-        "config": dataclasses.asdict(cfg),
-        "versions": {"torch": "2.13.0"},
-        "nccl_env": {"NCCL_IB_HCA": "mlx5_0,mlx5_1"},
-    }
+    spec = AgentSpec(
+        run_dir=str(run_dir),
+        node="testnode",
+        attempt=0,
+        job_id="777",
+        node_rank=0,
+        ranks=list(ranks),
+        world_size=len(ranks),
+        num_nodes=1,
+        socket=socket_path(run_dir, "testnode", "777", 0),
+        parent_pid=os.getpid(),
+        config=cfg,
+        versions={"torch": "2.13.0"},
+        nccl_env={"NCCL_IB_HCA": "mlx5_0,mlx5_1"},
+    )
     return spec, cfg
 
 
@@ -89,8 +89,8 @@ def wait_for_rows(run_dir: Path, table: str, rows: int, timeout_s: float = 20.0)
 def test_records_from_every_rank_reach_the_file_readable_while_written(tmp_path):
     spec, cfg = agent_spec(tmp_path, make_mlx5_tree(tmp_path / "ib"))
     agent = start_agent(spec, tmp_path, "testnode")
-    owner = TelemetrySink(cfg, 0, spec["socket"], agent)
-    other = TelemetrySink(cfg, 1, spec["socket"])
+    owner = TelemetrySink(cfg, 0, spec.socket, agent)
+    other = TelemetrySink(cfg, 1, spec.socket)
     for step in range(1, 31):
         owner.write_step(record(0, step))
         other.write_step(record(1, step))
@@ -124,7 +124,7 @@ def test_records_from_every_rank_reach_the_file_readable_while_written(tmp_path)
 def test_file_stays_readable_after_the_agent_is_sigkilled(tmp_path):
     spec, cfg = agent_spec(tmp_path, tmp_path / "no-ib")
     agent = start_agent(spec, tmp_path, "testnode")
-    sink = TelemetrySink(cfg, 0, spec["socket"])
+    sink = TelemetrySink(cfg, 0, spec.socket)
     for step in range(1, 21):
         sink.write_step(record(0, step))
     assert sink.sender.flush(timeout_s=15)
@@ -157,7 +157,7 @@ def test_a_local_rerun_into_the_same_run_dir_gets_the_next_attempt_file(tmp_path
     for _ in range(2):
         spec, cfg = agent_spec(tmp_path, tmp_path / "no-ib", ranks=(0,))
         agent = start_agent(spec, tmp_path, "testnode")
-        sink = TelemetrySink(cfg, 0, spec["socket"], agent)
+        sink = TelemetrySink(cfg, 0, spec.socket, agent)
         sink.write_step(record(0, 1))
         sink.close()
     assert [p.name for p in node_files(tmp_path)] == [
@@ -178,7 +178,7 @@ from toolkit.telemetry.sink import TelemetrySink, start_agent
 spec, cfg = agent_spec(Path({str(tmp_path)!r}), Path({str(tmp_path / "no-ib")!r}), ranks=(0,))
 agent = start_agent(spec, Path({str(tmp_path)!r}), "testnode")
 print(agent.pid, flush=True)
-sink = TelemetrySink(cfg, 0, spec["socket"], agent)
+sink = TelemetrySink(cfg, 0, spec.socket, agent)
 for step in range(1, 11):
     sink.write_step(record(0, step))
 sink.sender.flush(15)
@@ -204,9 +204,9 @@ def test_sigterm_flushes_at_once_and_keeps_recording_until_the_ranks_close(tmp_p
     """Slurm SIGTERMs every process of the step at preemption: the agent writes what it has
     right away, then still records the ranks' last steps until they close."""
     spec, cfg = agent_spec(tmp_path, tmp_path / "no-ib", ranks=(0,))
-    spec["config"]["flush_interval_s"] = 600.0  # no periodic flush during the test
+    spec.config.flush_interval_s = 600.0  # no periodic flush during the test
     agent = start_agent(spec, tmp_path, "testnode")
-    sink = TelemetrySink(cfg, 0, spec["socket"], agent)
+    sink = TelemetrySink(cfg, 0, spec.socket, agent)
     for step in range(1, 6):
         sink.write_step(record(0, step))
     assert sink.sender.flush(timeout_s=15)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from toolkit.bench.busbw import average
-from toolkit.bench.collectives_report import H5_NAME, Row, read_h5
+from toolkit.collectives.busbw import average
+from toolkit.collectives.report import H5_NAME, Row, read_h5
 
 DEFAULT_BANDS = (64 << 10, 16 << 20)  # small < 64 KiB <= medium < 16 MiB <= large
 

@@ -112,11 +112,11 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def costs(seconds: float) -> dict:
-    import dataclasses
 
     from toolkit.config.telemetry import TelemetryConfig
     from toolkit.events import StepRecord
     from toolkit.telemetry.sink import TelemetrySink, start_agent
+    from toolkit.telemetry.spec import AgentSpec
     from toolkit.telemetry.transport import socket_path
 
     def record(rank: int, step: int) -> StepRecord:
@@ -143,21 +143,19 @@ def costs(seconds: float) -> dict:
             run_dir = Path(tmp) / f"i{interval}"
             cfg = TelemetryConfig(interval_s=interval)
             path = socket_path(run_dir, "bench", "1", 0)
-            spec = {
-                "run_dir": str(run_dir),
-                "node": "bench",
-                "attempt": 0,
-                "job_id": "1",
-                "node_rank": 0,
-                "ranks": list(range(8)),
-                "world_size": 8,
-                "num_nodes": 1,
-                "socket": path,
-                "parent_pid": os.getpid(),
-                "config": dataclasses.asdict(cfg),
-                "versions": {},
-                "nccl_env": {},
-            }
+            spec = AgentSpec(
+                run_dir=str(run_dir),
+                node="bench",
+                attempt=0,
+                job_id="1",
+                node_rank=0,
+                ranks=list(range(8)),
+                world_size=8,
+                num_nodes=1,
+                socket=path,
+                parent_pid=os.getpid(),
+                config=cfg,
+            )
             agent = start_agent(spec, run_dir, "bench")
             sinks = [TelemetrySink(cfg, r, path, agent if r == 0 else None) for r in range(8)]
             time.sleep(3.0)  # agent started: imports, file created

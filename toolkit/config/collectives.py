@@ -32,7 +32,7 @@ class CollectivesConfig:
     check: bool = True  # verify every result; wrong results fail the run
     # Fail the run (non-zero exit) when an op's average bus bandwidth is below this (GB/s).
     expected_busbw_gbps: float | None = None
-    # Interleave a minimal hand-written timing loop (toolkit/bench/collectives_baseline.py)
+    # Interleave a minimal hand-written timing loop (toolkit/collectives/baseline.py)
     # with the toolkit's measurement, `baseline_repeats` times per size, and report both.
     compare_baseline: bool = False
     baseline_repeats: int = 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -17,3 +18,13 @@ class HardwareConfig:
 
     def peak_flops(self, dtype: str) -> float:
         return self.peak_flops_bf16 if dtype in ("bfloat16", "float16") else self.peak_flops_fp32
+
+
+def problems(hw: HardwareConfig) -> list[str]:
+    """Every rate and size must be positive (they divide in MFU and the performance model)."""
+    numbers = [f.name for f in dataclasses.fields(hw) if f.name != "name"]
+    return [
+        f"hardware.{name}={getattr(hw, name)}: must be > 0"
+        for name in numbers
+        if not getattr(hw, name) > 0
+    ]

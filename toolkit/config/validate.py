@@ -17,7 +17,10 @@ from toolkit.config import (
     collectives,
     data,
     fault,
+    hardware,
+    launch,
     model,
+    nccl,
     optim,
     parallel,
     precision,
@@ -43,6 +46,9 @@ def problems(job: JobConfig, runtime_checks: Sequence[RuntimeCheck] = ()) -> lis
     found += checkpoint.problems(job.checkpoint)
     found += telemetry.problems(job.telemetry)
     found += fault.problems(job.fault)
+    found += hardware.problems(job.hardware)
+    found += launch.problems(job.launch)
+    found += nccl.problems(job.nccl, job.cluster.nodes)
     if shape_known:
         world = world_size(job.cluster)
         found += trainer.problems(job.trainer, world)

@@ -53,6 +53,12 @@ class EntrypointSlurmExecutor(submitit.SlurmExecutor):
         return self._command
 
 
+def in_job_entrypoint(run_dir: str) -> None:
+    """What each Slurm task runs: `python -u -m toolkit.entrypoint RUN_DIR` (see
+    toolkit.executors.slurm_sbatch). submitit records this call; nothing calls it."""
+    raise RuntimeError(f"srun runs `python -m toolkit.entrypoint {run_dir}`, not this function")
+
+
 class SlurmExecutor:
     def run(self, runs: list[PreparedRun]) -> int:
         cluster, launch = runs[0].job.cluster, runs[0].job.launch
@@ -106,8 +112,6 @@ class SlurmExecutor:
 
 def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
     """Submit through submitit (one sbatch call); return the job ids ('120_0', ... for arrays)."""
-    from toolkit.entrypoint import main as entrypoint_main
-
     submission.folder.mkdir(parents=True, exist_ok=True)
     if len(runs) > 1:
         links = submission.folder / "runs"
@@ -120,8 +124,9 @@ def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
     executor = EntrypointSlurmExecutor(submission)
     # submitit echoes sbatch's stderr itself; the caller reports it once, as one line.
     with contextlib.redirect_stderr(io.StringIO()), executor.batch():
-        # The pickled call is what srun runs, recorded for reference; it is never unpickled.
-        jobs = [executor.submit(entrypoint_main, [str(run.run_dir)]) for run in runs]
+        # submitit pickles a call per job for its own runner; srun runs the entrypoint
+        # instead, so the recorded call is only a reference and is never unpickled.
+        jobs = [executor.submit(in_job_entrypoint, str(run.run_dir)) for run in runs]
     job_ids = [job.job_id for job in jobs]
     for index, (run, job_id) in enumerate(zip(runs, job_ids, strict=True)):
         record = {

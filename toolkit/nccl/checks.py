@@ -157,29 +157,9 @@ def contradictions(
 
 
 def config_problems(cfg: NcclConfig, num_nodes: int, environ: Mapping[str, str]) -> list[str]:
-    """Launcher-level checks: everything that needs no node."""
+    """Launcher-level checks of the variables against what NCCL knows, and their
+    contradictions (the plain fields are checked by toolkit.config.nccl.problems)."""
     problems = []
-    if cfg.profile not in NcclConfig.PROFILES:
-        problems.append(
-            f"nccl.profile={cfg.profile}: unknown profile; allowed: {', '.join(NcclConfig.PROFILES)}"
-        )
-    if cfg.profile == "single_node" and num_nodes > 1:
-        problems.append(
-            f"nccl=single_node: for one node, but cluster.nodes={num_nodes}; use nccl=auto "
-            "(or infiniband/roce/ethernet)"
-        )
-    if cfg.timeout_s <= 0:
-        problems.append(f"nccl.timeout_s={cfg.timeout_s}: must be > 0 seconds")
-    if cfg.debug is not None and cfg.debug.upper() not in NcclConfig.DEBUG_LEVELS:
-        problems.append(
-            f"nccl.debug={cfg.debug}: allowed: {', '.join(NcclConfig.DEBUG_LEVELS)} or null"
-        )
-    if not 0 <= cfg.async_error_handling <= 3:
-        problems.append(f"nccl.async_error_handling={cfg.async_error_handling}: must be in 0..3")
-    if cfg.flight_recorder_entries < 0:
-        problems.append(
-            f"nccl.flight_recorder_entries={cfg.flight_recorder_entries}: must be >= 0 (0 disables)"
-        )
     inherited = {k: v for k, v in environ.items() if is_nccl_family(k)}
     problems += value_problems(cfg.profile_env, "nccl.profile_env")
     problems += value_problems(cfg.env, "nccl.env")

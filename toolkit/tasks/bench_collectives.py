@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from toolkit.bench.busbw import sweep_sizes
-from toolkit.bench.collectives import max_bytes, measure, verdict
-from toolkit.bench.collectives_report import (
+from toolkit.collectives.busbw import sweep_sizes
+from toolkit.collectives.measure import max_bytes, measure, verdict
+from toolkit.collectives.report import (
     H5_NAME,
     TABLE_NAME,
     Row,
@@ -64,7 +64,7 @@ def run(job, env, run_dir: Path, device: torch.device) -> list[Row]:
     cfg: CollectivesConfig = job.collectives
     baseline = None
     if cfg.compare_baseline:
-        from toolkit.bench.collectives_baseline import minimal_loop
+        from toolkit.collectives.baseline import minimal_loop
 
         baseline = minimal_loop
     top = max_bytes(cfg, device, env.local_world_size)

@@ -1,6 +1,6 @@
 """The node agent: one process per node, started by the node's first rank.
 
-`python -m toolkit.telemetry.agent` reads its `AgentSpec` (JSON) from stdin, binds the
+`python -m toolkit.telemetry.agent` reads its `AgentSpec` (toolkit.telemetry.spec) from stdin, binds the
 node's socket, samples the sources every interval, receives the ranks' step records and
 events, and flushes everything into the node file every flush interval. It stops when every
 local rank said goodbye (or a few seconds after its parent did), when its parent process is
@@ -18,7 +18,6 @@ import select
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from toolkit.telemetry.sources import Source
 from toolkit.telemetry.sources.host import HostSource
 from toolkit.telemetry.sources.infiniband import InfinibandSource
 from toolkit.telemetry.sources.nvml import NvmlSource
+from toolkit.telemetry.spec import AgentSpec
 from toolkit.telemetry.transport import Receiver
 
 log = logging.getLogger("toolkit.telemetry.agent")
@@ -53,23 +53,6 @@ AGENT_COLUMNS = [
     Column("flush_duration_s", "f4", "s"),
     Column("messages", "i8", "count since start"),
 ]
-
-
-@dataclass
-class AgentSpec:
-    run_dir: str
-    node: str
-    attempt: int
-    job_id: str | None
-    node_rank: int
-    ranks: list[int]
-    world_size: int
-    num_nodes: int
-    socket: str
-    parent_pid: int
-    config: dict[str, Any]  # TelemetryConfig as a dict
-    versions: dict[str, Any] = field(default_factory=dict)
-    nccl_env: dict[str, str] = field(default_factory=dict)
 
 
 def free_file(directory: Path, node: str, attempt: int) -> tuple[Path, int]:
@@ -113,7 +96,7 @@ class Agent:
         receiver: Receiver,
     ):
         self.spec = spec
-        self.cfg = TelemetryConfig(**spec.config)
+        self.cfg = spec.config
         self.sources = sources
         self.receiver = receiver
         self._last_sample_s: float | None = None
@@ -159,7 +142,7 @@ class Agent:
             "flush_interval_s": self.cfg.flush_interval_s,
             "nccl_env": spec.nccl_env,
             "config_yaml": config_path.read_text() if config_path.exists() else "",
-            "telemetry_config": spec.config,
+            "telemetry_config": dataclasses.asdict(spec.config),
             "python_version": sys.version.split()[0],
         }
         for key in ("torch", "cuda", "nccl"):
@@ -301,10 +284,9 @@ def main() -> int:
         level=logging.INFO, format="%(asctime)s telemetry-agent %(levelname)s %(message)s"
     )
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raw = json.loads(sys.stdin.read())
-    spec = AgentSpec(**{f.name: raw[f.name] for f in dataclasses.fields(AgentSpec)})
+    spec = AgentSpec.from_json(sys.stdin.read())
     receiver = Receiver(spec.socket)  # bind first: ranks may already be sending
-    sources, absent = open_sources(TelemetryConfig(**spec.config))
+    sources, absent = open_sources(spec.config)
     agent = Agent(spec, sources, absent, receiver)
 
     def on_term(_signum: int, _frame: Any) -> None:

@@ -8,7 +8,6 @@ Nothing here blocks training or raises into it: see `transport.Sender`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -21,6 +20,7 @@ from toolkit.config.telemetry import TelemetryConfig
 from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.events import Event, StepRecord
 from toolkit.telemetry.schema import node_name
+from toolkit.telemetry.spec import AgentSpec
 from toolkit.telemetry.transport import Sender, socket_path
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ def stop_agent(agent: subprocess.Popen, timeout_s: float) -> None:
         agent.wait()
 
 
-def start_agent(spec: dict[str, Any], run_dir: Path, node: str) -> subprocess.Popen:
+def start_agent(spec: AgentSpec, run_dir: Path, node: str) -> subprocess.Popen:
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / f"telemetry-{node}.log", "ab") as out:
@@ -114,7 +114,7 @@ def start_agent(spec: dict[str, Any], run_dir: Path, node: str) -> subprocess.Po
             stderr=subprocess.STDOUT,
         )
     if proc.stdin is not None:  # always, with stdin=PIPE
-        proc.stdin.write(json.dumps(spec).encode())
+        proc.stdin.write(spec.to_json().encode())
         proc.stdin.close()
     return proc
 
@@ -133,21 +133,21 @@ def build_telemetry_sinks(cfg: TelemetryConfig, env: DistEnv, run_dir: Path) -> 
         if env.rank == min(ranks):
             from toolkit.runinfo import torch_versions
 
-            spec = {
-                "run_dir": str(run_dir),
-                "node": node,
-                "attempt": restart,
-                "job_id": env.job_id,
-                "node_rank": env.node_rank,
-                "ranks": ranks,
-                "world_size": env.world_size,
-                "num_nodes": len(nodes),
-                "socket": path,
-                "parent_pid": os.getpid(),
-                "config": dataclasses.asdict(cfg),
-                "versions": torch_versions(),
-                "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
-            }
+            spec = AgentSpec(
+                run_dir=str(run_dir),
+                node=node,
+                attempt=restart,
+                job_id=env.job_id,
+                node_rank=env.node_rank,
+                ranks=ranks,
+                world_size=env.world_size,
+                num_nodes=len(nodes),
+                socket=path,
+                parent_pid=os.getpid(),
+                config=cfg,
+                versions=torch_versions(),
+                nccl_env={k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+            )
             agent = start_agent(spec, run_dir, node)
         return [TelemetrySink(cfg, env.rank, path, agent)]
     except Exception:  # noqa: BLE001 - no telemetry is better than no training

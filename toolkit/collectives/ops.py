@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from toolkit.bench.busbw import Layout
+from toolkit.collectives.busbw import Layout
 
 # Newer PyTorch names the tensor variants *_single; older versions only have *_tensor.
 ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

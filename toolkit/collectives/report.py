@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from toolkit.bench.busbw import average
+from toolkit.collectives.busbw import average
 
 H5_NAME = "collectives.h5"
 TABLE_NAME = "collectives.txt"

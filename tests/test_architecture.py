@@ -1,0 +1,71 @@
+"""The layering rules hold: contracts at the bottom, composition at the top.
+
+The graph is read from the source by scripts/import_graph.py (every import counts, also one
+inside a function); run it to see the whole graph.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit.config.job import GROUPS
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "import_graph.py"
+
+
+@pytest.fixture(scope="module")
+def imports():
+    spec = importlib.util.spec_from_file_location("import_graph", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_config_imports_nothing_of_the_runtime(imports):
+    assert imports.graph()["config"] == set()
+
+
+def test_no_cycle_between_packages(imports):
+    assert imports.cycles(imports.graph()) == []
+
+
+def test_training_is_imported_by_neither_checkpointing_nor_telemetry(imports):
+    edges = imports.graph()
+    assert "train" not in edges["checkpoint"]
+    assert "train" not in edges["telemetry"]
+
+
+def test_the_contracts_sit_at_the_bottom(imports):
+    """Step records, events, sinks and the hook contract depend on nothing of the toolkit
+    but each other."""
+    edges = imports.graph()
+    assert edges["events"] == set()
+    assert edges["hooks"] <= {"events"}
+
+
+def test_a_cycle_is_found_when_there_is_one(imports):
+    assert imports.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [
+        ["a", "b", "c", "a"]
+    ]
+    assert imports.broken_rules({"config": {"train"}, "checkpoint": {"train"}, "train": set()}) == [
+        "config imports train (config must import nothing of the runtime)",
+        "checkpoint imports train",
+    ]
+
+
+def test_the_script_says_the_rules_hold():
+    done = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout
+    assert "rules hold" in done.stdout
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_every_config_group_validates_itself_with_one_problems_function(group):
+    module = importlib.import_module(f"toolkit.config.{group}")
+    assert callable(getattr(module, "problems", None)), f"toolkit/config/{group}.py: no problems()"
