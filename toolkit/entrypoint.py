@@ -16,6 +16,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from toolkit.errors import UserError
+
 
 def setup_logging(rank: int, run_dir: Path) -> None:
     logs = run_dir / "logs"
@@ -33,6 +35,20 @@ def setup_logging(rank: int, run_dir: Path) -> None:
     file.setFormatter(fmt)
     root.addHandler(console)
     root.addHandler(file)
+
+
+def fail_with_one_line(exc: UserError, rank: int, run_dir: Path, log: logging.Logger) -> None:
+    """Every rank raises the same UserError (the condition is agreed or computed alike on
+    all of them): rank 0 says it in one line on stderr; each rank keeps it in its log."""
+    line = f"error: {exc}"
+    if rank == 0:
+        print(line, file=sys.stderr, flush=True)
+    try:
+        log.info("rank %d stops: %s", rank, exc)  # the file handler keeps it; no traceback
+        (run_dir / "logs" / f"error-rank{rank}.txt").write_text(line + "\n")
+    finally:
+        logging.shutdown()
+    os._exit(exc.exit_code)
 
 
 def run_rank(run_dir: Path) -> int:
@@ -57,6 +73,8 @@ def run_rank(run_dir: Path) -> int:
                 "world %d (%s), device %s, run dir %s", env.world_size, env.source, device, run_dir
             )
         result = resolve_task(job.task)(job, env, run_dir, device)
+    except UserError as exc:  # the user can act on it: one line from rank 0, no traceback
+        fail_with_one_line(exc, env.rank, run_dir, log)
     except BaseException as exc:  # noqa: BLE001 - every failure must surface with its rank
         text = traceback.format_exc()
         log.error("rank %d failed: %s: %s\n%s", env.rank, type(exc).__name__, exc, text)

@@ -23,11 +23,9 @@ if TYPE_CHECKING:
 
     from toolkit.events import StepRecord
 
-# Exit statuses with a meaning (sysexits.h), distinct from a crash's 1.
-EXIT_OK = 0
-EXIT_USER_ERROR = 2  # a condition the user can act on (config, checkpoint): one line says what
-EXIT_SAVE_FAILED = 74  # EX_IOERR: stopped because a checkpoint could not be written
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpointed after a signal; relaunch to resume
+from toolkit.errors import EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED
+
+__all__ = ["EXIT_OK", "EXIT_PREEMPTED", "EXIT_SAVE_FAILED", "CommitStatus", "Hook", "Stop"]
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 class CheckpointMismatch(ValueError):
     """The checkpoint's tensors do not fit the current model (another model config)."""
 
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
+
 
 @dataclass
 class SaveResult:
@@ -337,6 +341,24 @@ class Checkpointer:
             self._plans.clear()
 
     # -- loading -----------------------------------------------------------------------
+    def check_fits(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Raise CheckpointMismatch when the checkpoint's tensors do not fit the model (keys,
+        shapes), reading only its metadata: nothing is touched."""
+        model_sd, _ = get_state_dict(model, optimizer)
+        self._check_fits(path, self.storage.dcp_reader(path).read_metadata(), model_sd)
+
+    @staticmethod
+    def _check_fits(path: Path, metadata: Any, model_sd: dict[str, Any]) -> None:
+        problems = mismatches(metadata, tensor_shapes(model_sd, "model"), "model")
+        if problems:
+            shown = "\n  ".join(problems[:30])
+            more = f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
+            raise CheckpointMismatch(
+                f"checkpoint {path} does not fit this model ({len(problems)} mismatched keys; "
+                f"written with another model config?):\n  {shown}{more}",
+                problems,
+            )
+
     def load(
         self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -344,16 +366,8 @@ class Checkpointer:
         state (JSON) and this rank's RNG state (None when the checkpoint had no such rank).
         Checks keys and shapes against the model first: nothing is touched on a mismatch."""
         reader = self.storage.dcp_reader(path)
-        metadata = reader.read_metadata()
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        problems = mismatches(metadata, tensor_shapes(model_sd, "model"), "model")
-        if problems:
-            shown = "\n  ".join(problems[:30])
-            more = f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
-            raise CheckpointMismatch(
-                f"checkpoint {path} does not fit this model ({len(problems)} mismatched keys; "
-                f"written with another model config?):\n  {shown}{more}"
-            )
+        self._check_fits(path, reader.read_metadata(), model_sd)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, storage_reader=reader, process_group=self.pg)
         set_state_dict(

@@ -17,16 +17,17 @@ from typing import Any
 
 import torch.distributed as dist
 
-from toolkit.checkpoint.checkpointer import Checkpointer, SaveResult
+from toolkit.checkpoint.checkpointer import Checkpointer, CheckpointMismatch, SaveResult
 from toolkit.checkpoint.discovery import committed_steps
 from toolkit.checkpoint.layout import CONFIG, checkpoints_dir
 from toolkit.checkpoint.manifest import CheckpointCorrupt
 from toolkit.checkpoint.resume import candidates, choose_together
-from toolkit.checkpoint.state import ConfigRecord, config_diff, restore_rng
+from toolkit.checkpoint.state import ConfigRecord, changes_meaning, config_diff, restore_rng
 from toolkit.checkpoint.storage import FaultyStorage, LocalStorage, Storage
 from toolkit.config.checkpoint import CheckpointConfig
 from toolkit.config.fault import FaultConfig
 from toolkit.distributed.env import restart_count
+from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
 from toolkit.hooks import EXIT_SAVE_FAILED, CommitStatus, Hook, Stop, TrainerView
 
@@ -36,11 +37,17 @@ SAVE_NOW_FILE = "save-now"  # touch RUN_DIR/checkpoints/save-now to checkpoint a
 SAVE_NOW_POLL_S = 1.0  # how often rank 0's watcher looks for it
 
 
-def build_storage(cfg: CheckpointConfig, fault: FaultConfig, step_stalled: bool = False) -> Storage:
-    if fault.save_enospc_after_bytes is not None or step_stalled:
+def build_storage(cfg: CheckpointConfig, fault: FaultConfig, step: int | None = None) -> Storage:
+    """The storage for the save of `step` (None: reading and housekeeping): a FaultyStorage
+    where a fault.save_* injection applies to that step, the plain one otherwise."""
+    full = fault.save_enospc_after_bytes is not None and (
+        step is None or fault.save_enospc_from_step is None or step >= fault.save_enospc_from_step
+    )
+    stalled = step is not None and fault.save_stall_step == step
+    if full or stalled:
         return FaultyStorage(
-            fault.save_enospc_after_bytes,
-            fault.save_stall_s if step_stalled else 0.0,
+            fault.save_enospc_after_bytes if full else None,
+            fault.save_stall_s if stalled else 0.0,
             cfg.direct_io,
             cfg.cache_headers,
         )
@@ -127,19 +134,23 @@ class CheckpointHook(Hook):
         """Rank 0 removes torn saves and lists the candidates; all ranks verify them together
         (toolkit.checkpoint.resume) and resume from the same one."""
         t0 = time.perf_counter()
-        plan: list[Any] = [None, None]  # [candidates, error]
+        plan: list[Any] = [None, None, False]  # [candidates, error, the user can act on it]
         if rank == 0:
             try:
                 plan[0] = candidates(self.storage, self.root, self.cfg)
+            except CheckpointCorrupt as exc:  # e.g. resume_from names nothing committed
+                plan[1:] = [str(exc), True]
             except Exception as exc:  # noqa: BLE001 - every rank must learn of it, not hang
                 plan[1] = f"{type(exc).__name__}: {exc}"
         dist.broadcast_object_list(plan, src=0)
+        if plan[2]:
+            raise UserError(f"cannot resume: {plan[1]}", EXIT_CHECKPOINT_UNUSABLE)
         if plan[1] is not None:
             raise RuntimeError(f"cannot resume: {plan[1]}")
         try:
             path = choose_together(plan[0], self.cfg.verify, rank, world_size)
         except CheckpointCorrupt as exc:
-            raise RuntimeError(f"cannot resume: CheckpointCorrupt: {exc}") from None
+            raise UserError(f"cannot resume: {exc}", EXIT_CHECKPOINT_UNUSABLE) from None
         except RuntimeError as exc:  # a rank could not check its share; the message says so
             raise RuntimeError(f"cannot resume: {exc}") from None
         self._verify_s = time.perf_counter() - t0
@@ -148,12 +159,27 @@ class CheckpointHook(Hook):
     def _resume(self, trainer: TrainerView, path: Path) -> None:
         assert self.ckpt is not None
         t0 = time.time()
-        saved_config = json.loads((path / CONFIG).read_text()) if (path / CONFIG).is_file() else {}
-        diff = [
-            d
-            for d in config_diff(saved_config, self.config.as_dict())
-            if not d.startswith(("checkpoint.", "run_dir:"))
-        ]
+        try:
+            self.ckpt.check_fits(path, trainer.model, trainer.optimizer)
+        except CheckpointMismatch as exc:
+            shown = "; ".join(exc.problems[:3]) + ("; …" if len(exc.problems) > 3 else "")
+            log.info("%s", exc)  # every mismatched key, in the rank's log
+            raise UserError(
+                f"cannot resume from {path}: it does not fit this model ({len(exc.problems)} "
+                f"mismatched keys: {shown}); written with another model config? Resume with "
+                "the checkpoint's model settings or start a new hydra.run.dir",
+                EXIT_RESUME_REFUSED,
+            ) from None
+        diff = self._config_changes(path)
+        meaning = [d for d in diff if changes_meaning(d)]
+        if meaning and not self.cfg.allow_config_change:
+            raise UserError(
+                f"cannot resume from {path}: the config changes what is trained "
+                f"({'; '.join(meaning[:10])}{'; …' if len(meaning) > 10 else ''}); resume with "
+                "the checkpoint's values, start a new hydra.run.dir, or set "
+                "checkpoint.allow_config_change=true",
+                EXIT_RESUME_REFUSED,
+            )
         if diff and trainer.rank == 0:
             log.warning("config differs from the checkpoint's: %s", "; ".join(diff[:20]))
         state, rng = self.ckpt.load(path, trainer.model, trainer.optimizer)
@@ -180,11 +206,24 @@ class CheckpointHook(Hook):
                     "restart_count": restart_count(),
                     "saved_world_size": int(state["world_size"]),
                     "world_size": trainer.world_size,
-                    "config_changed": diff[:20],
+                    "config_changed": diff,
+                    "config_change_allowed": bool(meaning),
+                    "global_batch_size": trainer.state_dict()["global_batch_size"],
                 },
             )
         )
         log.info("resumed from %s at step %d", path, trainer.step)
+
+    def _config_changes(self, path: Path) -> list[str]:
+        """'key: old -> new' for every key of the resolved config that differs from the
+        checkpoint's (the run dir and the checkpoint group itself left out)."""
+        saved_path = path / CONFIG
+        saved = json.loads(saved_path.read_text()) if saved_path.is_file() else {}
+        return [
+            d
+            for d in config_diff(saved, self.config.as_dict())
+            if not d.startswith(("checkpoint.", "run_dir:"))
+        ]
 
     # -- every step ----------------------------------------------------------------------
     def before_optimizer_step(self, trainer: TrainerView) -> None:
@@ -221,9 +260,8 @@ class CheckpointHook(Hook):
 
     def _save(self, trainer: TrainerView, blocking: bool) -> None:
         assert self.ckpt is not None
-        stalled = self.fault.save_stall_step == trainer.step
-        if stalled or self.fault.save_enospc_after_bytes is not None:
-            self.ckpt.storage = build_storage(self.cfg, self.fault, stalled)  # fault injection
+        if self.fault.save_enospc_after_bytes is not None or self.fault.save_stall_step:
+            self.ckpt.storage = build_storage(self.cfg, self.fault, trainer.step)  # injected
         state = {**trainer.state_dict(), "config_hash": self.config.hash}
         self.ckpt.save(trainer.step, trainer.model, trainer.optimizer, state, blocking=blocking)
         if blocking:

@@ -52,6 +52,24 @@ def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
     return out
 
 
+# Keys whose change changes what is being trained: refused on resume unless
+# checkpoint.allow_config_change=true. Every other key (steps, logging, telemetry,
+# checkpointing, cluster size, parallel layout, hardware, …) may change.
+MEANING_GROUPS = ("model.", "optim.", "data.", "precision.")
+MEANING_KEYS = ("seed", "trainer.global_batch_size")
+HARMLESS_DATA_KEYS = ("data.prefetch", "data.cache_dir")  # how data is read, not which
+
+
+def changes_meaning(diff_line: str) -> bool:
+    """Whether a `config_diff` line ('key: old -> new') changes what is being trained."""
+    key = diff_line.split(":", 1)[0]
+    if key.startswith(HARMLESS_DATA_KEYS):
+        return False
+    if key == "trainer.global_batch_size" and diff_line.endswith("-> None"):
+        return False  # unset: the checkpoint's global batch is kept (Trainer.load_state_dict)
+    return key in MEANING_KEYS or key.startswith(MEANING_GROUPS)
+
+
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode()
 

@@ -22,6 +22,9 @@ class CheckpointConfig:
     keep_every: int = 0  # also keep every M-th step forever; 0: none
     resume: bool = True  # resume from the latest committed checkpoint in the run dir
     resume_from: str | None = None  # an explicit checkpoint directory (wins over resume)
+    # Resume even when the config changes what is trained (model, optim, data, seed,
+    # precision, global batch): the changed keys are listed and recorded either way.
+    allow_config_change: bool = False
     verify: bool = True  # check every file's size and checksum against the manifest before loading
     on_corrupt: str = "fallback"  # fallback: warn and use the previous one | fail: stop
     on_save_error: str = "continue"  # continue: warn and train on | stop: stop cleanly

@@ -17,6 +17,7 @@ class FaultConfig:
     # The checkpoint writer fails with ENOSPC once a rank has written this many bytes of
     # one checkpoint (a full disk).
     save_enospc_after_bytes: int | None = None
+    save_enospc_from_step: int | None = None  # only saves of this step and later; None: all
     # The checkpoint writer of the save at this step stalls for save_stall_s (a slow disk).
     save_stall_step: int | None = None
     save_stall_s: float = 3600.0
@@ -31,6 +32,8 @@ def problems(cfg: FaultConfig) -> list[str]:
         p.append(f"fault.fail_rank={cfg.fail_rank}: must be >= 0")
     if cfg.save_enospc_after_bytes is not None and cfg.save_enospc_after_bytes < 0:
         p.append(f"fault.save_enospc_after_bytes={cfg.save_enospc_after_bytes}: must be >= 0")
+    if cfg.save_enospc_from_step is not None and cfg.save_enospc_from_step < 1:
+        p.append(f"fault.save_enospc_from_step={cfg.save_enospc_from_step}: must be >= 1 (or null)")
     if cfg.save_stall_s < 0:
         p.append(f"fault.save_stall_s={cfg.save_stall_s}: must be >= 0")
     return p

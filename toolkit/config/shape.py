@@ -43,3 +43,16 @@ def micro_batch_size(trainer: TrainerConfig, world: int) -> int:
 def global_batch_size(trainer: TrainerConfig, world: int) -> int:
     """Sequences per optimizer step over all ranks."""
     return micro_batch_size(trainer, world) * trainer.grad_accum * world
+
+
+def split_global_batch(global_batch: int, world: int, grad_accum: int) -> tuple[int, int] | None:
+    """(micro-batch, accumulation) that make `global_batch` sequences on `world` ranks:
+    the given accumulation when it divides, else the nearest one that does; None when
+    `global_batch` is not a multiple of `world`. Between two as near, the larger
+    accumulation (the smaller micro-batch: less memory per rank)."""
+    if global_batch < 1 or world < 1 or global_batch % world:
+        return None
+    per_rank = global_batch // world
+    divisors = [a for a in range(1, per_rank + 1) if per_rank % a == 0]
+    accum = min(divisors, key=lambda a: (abs(a - grad_accum), -a))  # a tie: less memory
+    return per_rank // accum, accum

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from toolkit.config.shape import tasks_per_node
 from toolkit.distributed.env import free_port
+from toolkit.errors import USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root
 
 POLL_S = 0.1
@@ -125,7 +126,12 @@ class LocalExecutor:
         finally:
             for f in files:
                 f.close()
-        if failed is not None:
+        if failed is not None and code in USER_ERROR_EXITS:
+            # Rank 0 said it in one line (on this terminal when followed); nothing to add.
+            if not (follow and (logs / "error-rank0.txt").exists()):
+                said = tail(logs / "error-rank0.txt") or tail(logs / f"error-rank{failed}.txt")
+                print(said.strip(), file=sys.stderr)
+        elif failed is not None:
             report = tail(logs / f"error-rank{failed}.txt") or tail(logs / f"rank{failed}.err")
             print(
                 f"rank {failed} failed with exit code {code}; the job was stopped.", file=sys.stderr

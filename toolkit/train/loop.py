@@ -8,6 +8,7 @@ own stop vote (time budget) and every hook's votes, summed together.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import resource
 import statistics
@@ -20,8 +21,10 @@ import torch.distributed as dist
 from torch import nn
 
 from toolkit.config.fault import FaultConfig
+from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
 from toolkit.distributed.fsdp import clip_grad_norm_
+from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
 from toolkit.hooks import Hook, Stop, split_votes
 from toolkit.train.data import Loader
@@ -105,13 +108,52 @@ class Trainer:
             "loader": self.loader.state_dict(),
             "world_size": self.world_size,
             "global_batch_size": self.loader.plan.global_batch_size,
+            "micro_batch_size": self.loader.plan.micro_batch_size,
+            "grad_accum": self.loader.plan.grad_accum,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: counters, schedule, data position, and the checkpoint's global batch
+        (unless trainer.global_batch_size sets one), split over this job's ranks."""
         self.state.step = int(state["step"])
         self.state.tokens_seen = int(state["tokens_seen"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.loader.load_state_dict(state["loader"])
+        saved = state.get("global_batch_size")
+        if saved is not None and self.cfg.global_batch_size is None:
+            self.use_global_batch(int(saved))
+
+    def use_global_batch(self, global_batch: int) -> None:
+        """Re-split the batch plan so that a step sees `global_batch` sequences: the same
+        windows in the same order as any other world size (toolkit.train.data)."""
+        plan = self.loader.plan
+        if global_batch == plan.global_batch_size:
+            return
+        split = split_global_batch(global_batch, self.world_size, plan.grad_accum)
+        if split is None:
+            raise UserError(
+                f"cannot resume on {self.world_size} ranks: the checkpoint's global batch of "
+                f"{global_batch} sequences does not split over them; resume on a world size "
+                f"that divides {global_batch}, or set trainer.global_batch_size (a multiple of "
+                f"{self.world_size}) with checkpoint.allow_config_change=true",
+                EXIT_RESUME_REFUSED,
+            )
+        micro, accum = split
+        log.info(
+            "keeping the checkpoint's global batch of %d sequences: micro-batch %d x "
+            "accumulation %d x %d ranks (was %d x %d)",
+            global_batch,
+            micro,
+            accum,
+            self.world_size,
+            plan.micro_batch_size,
+            plan.grad_accum,
+        )
+        self.loader.plan = dataclasses.replace(plan, micro_batch_size=micro, grad_accum=accum)
+        if self.val_loader is not None:
+            val = self.val_loader.plan
+            self.val_loader.plan = dataclasses.replace(val, micro_batch_size=micro)
+        self.tokens_per_step = global_batch * plan.seq_len
 
     # -- one optimizer step ------------------------------------------------------------
     def train_step(

@@ -1,0 +1,28 @@
+"""Exit statuses with a meaning, and the error for conditions the user can act on.
+
+A `UserError` (a corrupt checkpoint with checkpoint.on_corrupt=fail, a config change refused
+on resume, a resume that cannot reshard) ends the job with one line from rank 0 saying what
+happened and what to do, and its own exit status; no traceback. Every other exception is a
+bug and keeps its traceback (toolkit.entrypoint).
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CONFIG = 2  # the launcher refused the config before any rank started
+EXIT_CHECKPOINT_UNUSABLE = 65  # EX_DATAERR: no checkpoint can be resumed as configured
+EXIT_SAVE_FAILED = 74  # EX_IOERR: stopped because a checkpoint could not be written
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpointed after a signal; relaunch to resume
+EXIT_RESUME_REFUSED = 78  # EX_CONFIG: the run's config does not fit the checkpoint's
+
+USER_ERROR_EXITS = frozenset({EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED})
+
+
+class UserError(Exception):
+    """One line for the user (what, and what to do) and the job's exit status."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_CHECKPOINT_UNUSABLE):
+        if exit_code not in USER_ERROR_EXITS:
+            raise ValueError(f"exit status {exit_code} is not one of {sorted(USER_ERROR_EXITS)}")
+        self.exit_code = exit_code
+        super().__init__(" ".join(message.split()))  # one line, whatever the caller built
