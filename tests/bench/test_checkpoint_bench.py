@@ -5,10 +5,10 @@ from itertools import pairwise
 
 import torch
 
-from toolkit.bench.checkpoint import Neighbour, summarize_stall
-from toolkit.bench.checkpoint import main as checkpoint_bench
-from toolkit.bench.checkpoint_writer import run as writer_bench
-from toolkit.bench.checkpoint_writer import write_copy
+from toolkit.bench.checkpoint.__main__ import main as checkpoint_bench
+from toolkit.bench.checkpoint.stall import Neighbour, summarize_stall
+from toolkit.bench.checkpoint.writer import measure as writer_bench
+from toolkit.bench.checkpoint.writer import write_copy
 
 
 def test_the_writer_benchmark_writes_exactly_the_state_bytes(tmp_path):

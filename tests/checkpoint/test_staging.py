@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from toolkit.bench.checkpoint import kept_out_while
+from toolkit.bench.checkpoint.gil import kept_out_while
 from toolkit.checkpoint.staging import build_stager
 
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.nccl import sysfs_trees
-from toolkit.nccl.known import is_nccl_family
 
 
 @pytest.fixture
@@ -31,8 +28,5 @@ def eth_root(tmp_path):
 
 
 @pytest.fixture(autouse=True)
-def clean_nccl_environment(monkeypatch):
-    """Tests must not see (or leak) NCCL variables of the shell that runs them."""
-    for name in list(os.environ):
-        if is_nccl_family(name):
-            monkeypatch.delenv(name)
+def _no_shell_nccl_variables(clean_nccl_environment):
+    """Every test here runs without the NCCL variables of the shell (tests/conftest.py)."""

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from toolkit.config.job import JobConfig
 from toolkit.hooks import Hook
@@ -141,12 +140,12 @@ def step_seconds(ends: list[float], warmup: int) -> float:
     return statistics.median(durations[warmup:])
 
 
-def worker(rank: int, world: int, port: int, job: JobConfig, args: dict, out: str) -> None:
-    from toolkit.distributed.env import DistEnv
+def worker(rank: int, world: int, job: JobConfig, args: dict, out: str) -> None:
+    from toolkit.distributed.env import discover
     from toolkit.distributed.init import init_distributed, shutdown_distributed
     from toolkit.train.data import BatchPlan, open_sources
 
-    env = DistEnv(rank, rank, world, world, 0, 1, "127.0.0.1", port, None, "single")
+    env = discover()  # rank `rank` of `world` (toolkit.bench.ranks)
     device = init_distributed(env, 300.0)
     steps = args["warmup"] + args["steps"]
     plan = BatchPlan(
@@ -217,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         print("\n".join(f"error: {line}" for line in problems), file=sys.stderr)
         return 2
+    from toolkit.bench.ranks import run_ranks
     from toolkit.config.compose import compose_raw, to_job
     from toolkit.config.errors import ConfigError
-    from toolkit.distributed.env import free_port
     from toolkit.train.data import prepare
 
     user_keys = {o.split("=", 1)[0] for o in args.overrides}
@@ -235,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     settings = {"reps": args.reps, "steps": args.steps, "warmup": args.warmup}
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    mp.spawn(worker, args=(args.world, free_port(), job, settings, str(out)), nprocs=args.world)
+    run_ranks(worker, args.world, out, job, settings, str(out))
     rows = json.loads((out / "overhead.json").read_text())
     ratios = [r["ratio"] for r in rows]
     cpu_ratios = [r["cpu_ratio"] for r in rows]

@@ -2,8 +2,8 @@
 
 Written through the page cache, every byte of a checkpoint is copied into the cache by the
 writing thread and later written back by the kernel's flusher threads, on CPUs that training
-wants: on the 2-vCPU dev VM, 2 GB of plain writes + fsync cost 1.1-3.6 s of kernel CPU,
-against 0.1-0.2 s with O_DIRECT (the disk copies from user memory). See docs/checkpoint.md.
+wants; with O_DIRECT the disk copies from user memory, for a small fraction of that kernel
+CPU (figures: docs/BENCHMARKS.md, Issue 4). See docs/checkpoint.md.
 
 `DirectFile` gathers writes in a page-aligned buffer (O_DIRECT needs aligned memory, sizes and
 offsets) and writes it out whole; the tail that does not fill a block is written after

@@ -1,10 +1,10 @@
 """The commit record of a checkpoint: step, world size, config hash, every file's size and
 checksum, time. Written by rank 0 after all ranks finished; verification names the bad file.
 
-Checksums are xxh3-128 (format 2): they detect truncated, torn or altered files at ~4 GB/s
-per core, where sha256 runs at ~1 GB/s and on CPU-only nodes competes with training for the
-same cores. They are integrity checks against accidents, not signatures: whoever can rewrite
-a shard can rewrite the manifest too. Format-1 manifests (sha256) still verify.
+Checksums are xxh3-128 (format 2): they detect truncated, torn or altered files at a
+fraction of sha256's CPU per GB (see docs/BENCHMARKS.md, Issue 4), which on CPU-only nodes
+competes with training for the same cores. They are integrity checks against accidents, not
+signatures: whoever can rewrite a shard can rewrite the manifest too. Format-1 manifests (sha256) still verify.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ Before writing, every DCP save plans: each rank lists its write items (one per t
 shard), rank 0 gathers every rank's list, deduplicates it, builds the checkpoint's metadata
 and scatters each rank's final plan back. That is Python on the save's background thread,
 which takes the GIL from the training thread; unpickling the gathered plans also creates
-enough objects to set off the garbage collector's full collections. On the dev VM (gpt_125m,
-one rank, the shards discarded) a save's planning and serialising took 0.11-0.41 s of CPU,
-median 0.14 s; with the plans reused, 0.095-0.12 s.
+enough objects to set off the garbage collector's full collections (what reusing the plans
+saves: see docs/BENCHMARKS.md, Issue 4).
 
 DCP can reuse them (`enable_plan_caching`): a rank whose plan equals its previous one sends
 an empty plan, and rank 0 reuses its cached global plan and metadata. A state whose structure

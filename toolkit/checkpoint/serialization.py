@@ -2,9 +2,9 @@
 
 DCP's writer stores every tensor of a shard file as one `torch.save` archive: a zip file of
 a pickle naming the tensor's dtype, shape and strides, a few small records, and the
-storage's bytes. Building it costs ~0.15 ms of Python per tensor and ~40 small writes (each
-through three stream layers), all holding the GIL that the training thread needs: ~65 ms
-per save of gpt_125m's 430 tensors on the dev VM. Without the per-record CRC-32 (which the
+storage's bytes. Building it costs Python and ~40 small writes per tensor (each through
+three stream layers), all holding the GIL that the training thread needs, on every save
+(see docs/BENCHMARKS.md, Issue 4). Without the per-record CRC-32 (which the
 toolkit's writer turns off: the manifest checksums every file), everything around the
 storage's bytes depends only on the tensor's layout, never on its values.
 

@@ -2,11 +2,10 @@
 
 DCP's DefaultStager copies each tensor's storage with `UntypedStorage.copy_`, which holds the
 GIL for the whole copy: while the staging thread copies a 150 MB embedding, the training
-thread cannot run a line of Python (measured on the dev VM: a 600 MB storage copy in a thread
-stopped the main thread for 54-187 ms; the same copy as a tensor `copy_` for 0-20 ms). With
-1.97 GB of model and optimizer state, that is a few hundred milliseconds of training lost per
-checkpoint even with a spare core for the copy. `build_stager` keeps DCP's stager (its walk
-over the state dict, DTensor handling, cached buffers reused from one save to the next,
+thread cannot run a line of Python, and the same copy as a tensor `copy_` far less (see
+docs/BENCHMARKS.md, Issue 4). With gpt_125m's model and optimizer state, that is training
+lost per checkpoint even with a spare core for the copy. `build_stager` keeps DCP's stager
+(its walk over the state dict, DTensor handling, cached buffers reused from one save to the next,
 pinned memory on GPU) and copies each storage as a byte tensor instead, which torch does with
 the GIL released.
 """

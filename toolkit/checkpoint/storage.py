@@ -4,12 +4,13 @@
 faults (ENOSPC after N bytes, or a stall), used by tests through the fault.save_* settings.
 DCP reads and writes go through `dcp_writer` / `dcp_reader`; the reader loads DCP's
 `.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code.
-The writer skips the zip CRC-32 that `torch.save` computes per tensor (it cost ~1 s of CPU
-per GB here; the manifest's checksums cover every file), writes shards around the page cache
-(O_DIRECT, see toolkit.checkpoint.directio) unless told not to, checksums each file as it
-writes it, so that no rank reads its shards back to checksum them, and writes each tensor
-from its torch.save archive's frame, learnt once per layout, instead of pickling it every
-save (toolkit.checkpoint.serialization): the same bytes as DCP's writer.
+The writer skips the zip CRC-32 that `torch.save` computes per tensor (most of DCP's CPU
+per GB written, see docs/BENCHMARKS.md, Issue 4; the manifest's checksums cover every file),
+writes shards around the page cache (O_DIRECT, see toolkit.checkpoint.directio) unless told
+not to, checksums each file as it writes it, so that no rank reads its shards back to
+checksum them, and writes each tensor from its torch.save archive's frame, learnt once per
+layout, instead of pickling it every save (toolkit.checkpoint.serialization): the same bytes
+as DCP's writer.
 """
 
 from __future__ import annotations

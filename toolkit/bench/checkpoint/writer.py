@@ -1,9 +1,10 @@
-"""Is the time a background checkpoint write costs training due to the GIL, or the machine?
+"""Writer benchmark: is the time a background checkpoint write costs training due to the
+GIL, or the machine?
 
-    TOOLKIT_CPUS_PER_TASK=1 python -m toolkit.bench.checkpoint_writer [--trials 6] [--steps 2]
+    TOOLKIT_CPUS_PER_TASK=1 python -m toolkit.bench.checkpoint writer [--trials 6] [--steps 2]
 
-One rank trains (`--model`, default gpt_125m; synthetic data, one intra-op thread, so a core is left free, as on
-a GPU node) and, in rotating order per trial, a window of `--steps` steps runs: with nothing
+One rank trains (`--model`, default gpt_125m; synthetic data, one intra-op thread, so a core
+is left free, as on a GPU node) and, in rotating order per trial, a window of `--steps` steps runs: with nothing
 in the background (the baseline); while a thread of the training process writes a copy of
 the model and optimizer state the way the checkpoint writer does (`DirectFile`: O_DIRECT,
 xxh3 while writing, SCHED_IDLE); and while a separate process, started once beforehand,
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -26,6 +26,15 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from toolkit.bench.checkpoint.shared import (
+    RESULT,
+    bench_job,
+    local_tensors,
+    start_trainer,
+    train_one_step,
+)
+from toolkit.bench.ranks import run_ranks
 
 MODES = ("none", "copy", "thread", "process")
 
@@ -67,41 +76,27 @@ def _thread_writer(tensors: list[Any], path: str) -> None:
     write_copy(tensors, path)
 
 
-def run(trials: int, steps: int, out: Path, model: str = "gpt_125m") -> dict[str, Any]:
-    os.environ.update(
-        RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1"
-    )
+def measure(trials: int, steps: int, out: Path, model: str = "gpt_125m") -> dict[str, Any]:
+    """The benchmark in one rank of its own (`writer_worker`); its result."""
+    _, job = bench_job(model, checkpoint=False)
+    run_ranks(writer_worker, 1, out, job, str(out), trials, steps)
+    return json.loads((out / RESULT).read_text())
+
+
+def writer_worker(rank: int, world: int, job: Any, out_dir: str, trials: int, steps: int) -> None:
     import torch
     import torch.multiprocessing as mp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from toolkit.bench.checkpoint import _local_tensors, train_one_step
-    from toolkit.config.compose import compose_raw, to_job
-    from toolkit.distributed.env import discover, free_port
-    from toolkit.distributed.init import init_distributed, shutdown_distributed
-    from toolkit.tasks.train import build_trainer
+    from toolkit.distributed.init import shutdown_distributed
 
-    os.environ["MASTER_PORT"] = str(free_port())
-    job = to_job(
-        compose_raw(
-            [
-                f"model={model}",
-                "data=synthetic",
-                "data.seq_len=64",
-                "trainer.global_batch_size=4",
-                "data.prefetch=0",
-                "trainer.progress=false",
-            ]
-        )
-    )
-    env = discover()
-    device = init_distributed(env, 600)
-    trainer = build_trainer(job, env, out / "run", device)
+    out = Path(out_dir)
+    trainer, _ = start_trainer(job, out_dir, timeout_s=600)
 
     for _ in range(2):  # warm-up: allocation, optimizer state
         train_one_step(trainer)
     m, o = get_state_dict(trainer.model, trainer.optimizer)
-    live = _local_tensors([m, o])
+    live = local_tensors([m, o])
     copy = [t.detach().clone().contiguous().share_memory_() for t in live]
     nbytes = sum(t.numel() * t.element_size() for t in copy)
     ctx = mp.get_context("spawn")
@@ -139,27 +134,22 @@ def run(trials: int, steps: int, out: Path, model: str = "gpt_125m") -> dict[str
         mode: sorted(a - b for a, b in zip(times[mode], times["none"], strict=True))
         for mode in MODES[1:]
     }
-    return {
+    result = {
         "bytes": nbytes,
         "intra_op_threads": torch.get_num_threads(),
         "window_s": times,
         "lost_s": {k: statistics.median(v) for k, v in lost.items()},
         "lost_per_trial_s": lost,
     }
+    (out / RESULT).write_text(json.dumps(result, indent=1))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.bench.checkpoint_writer")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="gpt_125m")
     parser.add_argument("--trials", type=int, default=6)
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--dir", default=None, help="where the copies are written")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-writer-", dir=args.dir) as out:
-        result = run(args.trials, args.steps, Path(out), args.model)
-    print(json.dumps(result, indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return measure(args.trials, args.steps, Path(out), args.model)

@@ -18,6 +18,7 @@ from toolkit.collectives.report import Row, read_h5
 from toolkit.config.collectives import CollectivesConfig
 
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast"]
+pytestmark = pytest.mark.usefixtures("clean_nccl_environment")
 SMALL = ["collectives.max_bytes=65536", "collectives.iters=3", "collectives.warmup_iters=1"]
 
 

@@ -13,12 +13,11 @@ import pytest
 from tests.nccl.cli import REPO, run_module
 from toolkit.collectives.report import read_h5
 
-slurm_conftest = pytest.importorskip(
-    "tests.slurm.conftest", reason="the Slurm fixture (tests/slurm/conftest.py) is not merged yet"
-)
-slurm_cluster = slurm_conftest.slurm_cluster  # the fixture, made visible to this module
-
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.usefixtures("clean_nccl_environment"),
+]
 SMALL = ["collectives.max_bytes=65536", "collectives.iters=3", "collectives.warmup_iters=1"]
 
 
