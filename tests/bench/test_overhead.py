@@ -46,5 +46,12 @@ def test_overhead_benchmark_reports_a_ratio_per_repetition(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(result["reps"]) == 2
     assert all(r["ratio"] == r["toolkit_step_s"] / r["bare_step_s"] for r in result["reps"])
+    # The checkpoint and preemption hooks are measured: armed against not built at all.
+    reps = result["reps"]
+    assert all(r["hook_ratio"] == r["toolkit_step_s"] / r["toolkit_no_ckpt_step_s"] for r in reps)
+    assert {tuple(r["order"]) for r in reps} == {
+        ("toolkit", "no_ckpt", "bare"),
+        ("no_ckpt", "bare", "toolkit"),
+    }
     assert result["world_size"] == 2
     assert "model=gpt_tiny" in result["overrides"]

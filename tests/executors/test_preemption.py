@@ -144,3 +144,30 @@ def test_the_launcher_follows_a_job_through_its_requeue_to_the_end(
     assert f"job {job_id} COMPLETED" in out
     assert events(run_dir, "restart")[0]["attrs"]["restart_count"] == 1
     assert losses(run_dir) == expected
+
+
+def test_a_preempted_job_whose_save_failed_is_not_requeued_to_start_over(slurm_cluster, tmp_path):
+    """Every save fails (a full disk): after the preemption save and its retry fail, with no
+    older checkpoint, a requeue would restart from step 0; the job stops instead and says so."""
+    run_dir = tmp_path / "full"
+    done = launch(
+        slurm_cluster,
+        run_dir,
+        "cluster=slurm",
+        "cluster.time=00:10:00",
+        "launch.detach=true",
+        "fault.save_enospc_after_bytes=1000",
+        *HOLD,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
+    wait_for(lambda: (run_dir / "checkpoints" / "step-00000005.tmp").is_dir(), 180, "a save")
+    assert slurm_cluster.run("scancel", "--signal=USR2", job_id).returncode == 0
+
+    wait_for(lambda: events(run_dir, "preemption"), 120, "the preemption event")
+    attrs = events(run_dir, "preemption")[0]["attrs"]
+    assert attrs["save_committed"] is False and attrs["save_retried"] is True
+    assert attrs["requeued"] is False and attrs["resume_step"] is None
+    assert "it would start from scratch" in attrs["requeue_decision"]
+    wait_for(lambda: job_state(slurm_cluster, job_id) == "FAILED", 120, "the job to fail")
+    assert events(run_dir, "restart") == []

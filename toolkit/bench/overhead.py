@@ -6,15 +6,22 @@ Both run in the same K processes (gloo on CPU, NCCL on GPU), on the same model c
 shapes, batches, precision and world size, interleaved for R repetitions (A B, B A, A B, ...):
 
 * A, toolkit: `toolkit.tasks.train.build_trainer(job, ...)` and `Trainer.fit()` (data loader
-  with prefetch thread, metrics sinks, scheduler, loss all-reduce, hooks: everything).
+  with prefetch thread, metrics sinks, scheduler, loss all-reduce, hooks: everything), with
+  checkpointing armed as on a Slurm run (its hook and the preemption hook vote every step,
+  save-now watched), but no save in the timed steps (checkpoint.interval_steps=0,
+  save_final=false).
+* A0, toolkit without checkpointing: the same, checkpoint.enabled=false; A / A0 is what the
+  checkpoint and preemption hooks cost a step.
 * B, bare (`bare_loop` below): fully_shard per block and at the root, AdamW, a loop over
-  pre-built batches with forward, backward, grad-norm clipping, step, zero_grad and
-  loss.item(). No toolkit code runs inside its loop.
+  pre-built batches with forward, backward (gradient sync skipped on all but the last
+  micro-step, as the toolkit does), grad-norm clipping, step, zero_grad and loss.item().
+  No toolkit code runs inside its loop.
 
-Each repetition builds both from scratch (build time not measured), skips W warm-up steps
-and times N steps on rank 0 (perf_counter between step ends). The reported figure is the
-median over repetitions of toolkit_step_s / bare_step_s (each the median step time
-of its repetition) (target <= 1.02). The same ratio in CPU time of rank 0's process
+Each repetition builds all three from scratch (build time not measured; the order rotates
+from one repetition to the next), skips W warm-up steps and times N steps on rank 0
+(perf_counter between step ends). The reported figures are the medians over repetitions of
+toolkit_step_s / bare_step_s and of toolkit_step_s / toolkit_no_ckpt_step_s (each the median
+step time of its repetition) (target <= 1.02). The same ratio in CPU time of rank 0's process
 (all threads: the toolkit's prefetch thread counts) is reported beside it: on a machine
 shared with other work, wall time swings with the neighbours' load while CPU time per step
 does not.
@@ -23,6 +30,7 @@ does not.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -92,7 +100,8 @@ def bare_loop(
     accum = len(batches[0])
     ends = [now()]
     for micro_batches in batches:
-        for inputs, targets in micro_batches:
+        for i, (inputs, targets) in enumerate(micro_batches):
+            model.set_requires_gradient_sync(i == accum - 1)  # reduce-scatter once per step
             loss = model(inputs.to(device), targets.to(device)) / accum
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip, foreach=True)
@@ -115,6 +124,14 @@ class StepClock(Hook):
 
     def after_step(self, trainer: Any, record: Any, votes: list[float]) -> None:
         self.ends.append(now())
+
+
+def with_checkpointing(job: JobConfig, enabled: bool) -> JobConfig:
+    """The job with checkpointing armed (hooks on, no save in the timed steps) or off."""
+    ckpt = dataclasses.replace(
+        job.checkpoint, enabled=enabled, interval_steps=0, save_final=False, resume=False
+    )
+    return dataclasses.replace(job, checkpoint=ckpt)
 
 
 def toolkit_loop(
@@ -158,39 +175,51 @@ def worker(rank: int, world: int, job: JobConfig, args: dict, out: str) -> None:
     )
     source = open_sources(job.data, job.model.vocab_size, job.model.num_series)["train"]
     batches = [plan.micro_batches(source, "train", s) for s in range(steps)]  # same data as A
+    variants = {
+        "toolkit": lambda run_dir: toolkit_loop(
+            with_checkpointing(job, True), env, run_dir, device
+        ),
+        "no_ckpt": lambda run_dir: toolkit_loop(
+            with_checkpointing(job, False), env, run_dir, device
+        ),
+        "bare": lambda run_dir: bare_loop(job, batches, device),
+    }
+    names = list(variants)
     rows = []
     try:
         for rep in range(args["reps"]):
-            run_dir = Path(out) / f"rep{rep}"
-            dist.barrier()
-            # A B, then B A: a drift within a repetition does not always land on one side.
-            if rep % 2 == 0:
-                ta = toolkit_loop(job, env, run_dir, device)
+            # The order rotates: a drift within a repetition lands on each side in turn.
+            order = names[rep % 3 :] + names[: rep % 3]
+            ends: dict[str, list[tuple[float, float]]] = {}
+            for name in order:
                 dist.barrier()
-                tb = bare_loop(job, batches, device)
-            else:
-                tb = bare_loop(job, batches, device)
-                dist.barrier()
-                ta = toolkit_loop(job, env, run_dir, device)
+                ends[name] = variants[name](Path(out) / f"rep{rep}-{name}")
             w = args["warmup"]
-            a, b = step_seconds([t[0] for t in ta], w), step_seconds([t[0] for t in tb], w)
-            ca, cb = step_seconds([t[1] for t in ta], w), step_seconds([t[1] for t in tb], w)
+            wall = {n: step_seconds([t[0] for t in e], w) for n, e in ends.items()}
+            cpu = {n: step_seconds([t[1] for t in e], w) for n, e in ends.items()}
+            a, a0, b = wall["toolkit"], wall["no_ckpt"], wall["bare"]
             rows.append(
                 {
                     "rep": rep,
+                    "order": order,
                     "toolkit_step_s": a,
+                    "toolkit_no_ckpt_step_s": a0,
                     "bare_step_s": b,
                     "ratio": a / b,
-                    "toolkit_cpu_s": ca,
-                    "bare_cpu_s": cb,
-                    "cpu_ratio": ca / cb,
+                    "hook_ratio": a / a0,
+                    "toolkit_cpu_s": cpu["toolkit"],
+                    "toolkit_no_ckpt_cpu_s": cpu["no_ckpt"],
+                    "bare_cpu_s": cpu["bare"],
+                    "cpu_ratio": cpu["toolkit"] / cpu["bare"],
+                    "hook_cpu_ratio": cpu["toolkit"] / cpu["no_ckpt"],
                 }
             )
             if rank == 0:
                 print(
-                    f"rep {rep}: wall toolkit {1000 * a:.1f} ms  bare {1000 * b:.1f} ms  "
-                    f"ratio {a / b:.3f} | CPU time {1000 * ca:.1f} / {1000 * cb:.1f} ms  "
-                    f"ratio {ca / cb:.3f}",
+                    f"rep {rep}: wall toolkit {1000 * a:.1f} ms  without checkpointing "
+                    f"{1000 * a0:.1f} ms  bare {1000 * b:.1f} ms  ratio {a / b:.3f}  "
+                    f"hooks {a / a0:.3f} | CPU ratio {rows[-1]['cpu_ratio']:.3f}  "
+                    f"hooks {rows[-1]['hook_cpu_ratio']:.3f}",
                     flush=True,
                 )
     finally:
@@ -238,9 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = json.loads((out / "overhead.json").read_text())
     ratios = [r["ratio"] for r in rows]
     cpu_ratios = [r["cpu_ratio"] for r in rows]
+    hook_ratios = [r["hook_ratio"] for r in rows]
     result = {
         "median_ratio": statistics.median(ratios),
         "ratio_min_max": [min(ratios), max(ratios)],
+        "median_hook_ratio": statistics.median(hook_ratios),
+        "hook_ratio_min_max": [min(hook_ratios), max(hook_ratios)],
+        "median_hook_cpu_ratio": statistics.median(r["hook_cpu_ratio"] for r in rows),
         "median_cpu_ratio": statistics.median(cpu_ratios),
         "cpu_ratio_min_max": [min(cpu_ratios), max(cpu_ratios)],
         "toolkit_step_s_median": statistics.median(r["toolkit_step_s"] for r in rows),
