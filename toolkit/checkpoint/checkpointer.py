@@ -55,6 +55,7 @@ from toolkit.checkpoint.retention import Purger, steps_to_delete
 from toolkit.checkpoint.staging import build_stager
 from toolkit.checkpoint.state import capture_rng, mismatches, tensor_shapes, to_json_bytes
 from toolkit.checkpoint.storage import Storage
+from toolkit.checkpoint.trust import SafeLoadPlanner, first_unsafe
 from toolkit.config.checkpoint import CheckpointConfig
 
 log = logging.getLogger(__name__)
@@ -342,7 +343,8 @@ class Checkpointer:
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Load model and optimizer shards (any world size) from `path`; returns the trainer
         state (JSON) and this rank's RNG state (None when the checkpoint had no such rank).
-        Checks keys and shapes against the model first: nothing is touched on a mismatch."""
+        Checks keys and shapes against the model first: nothing is touched on a mismatch.
+        Non-tensor items are read as plain data only (toolkit.checkpoint.trust)."""
         reader = self.storage.dcp_reader(path)
         metadata = reader.read_metadata()
         model_sd, optim_sd = get_state_dict(model, optimizer)
@@ -355,7 +357,15 @@ class Checkpointer:
                 f"written with another model config?):\n  {shown}{more}"
             )
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=reader, process_group=self.pg)
+        try:
+            dcp.load(
+                state, storage_reader=reader, planner=SafeLoadPlanner(path), process_group=self.pg
+            )
+        except (Exception, CheckpointException) as exc:
+            unsafe = first_unsafe(exc)
+            if unsafe is not None:  # one line naming the file, not DCP's per-rank report
+                raise unsafe from None
+            raise
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )

@@ -5,6 +5,9 @@ Checksums are xxh3-128 (format 2): they detect truncated, torn or altered files 
 per core, where sha256 runs at ~1 GB/s and on CPU-only nodes competes with training for the
 same cores. They are integrity checks against accidents, not signatures: whoever can rewrite
 a shard can rewrite the manifest too. Format-1 manifests (sha256) still verify.
+
+Every path a manifest lists must stay inside the checkpoint directory (no absolute path, no
+`..`, no symlink leading out).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import xxhash
@@ -120,6 +123,23 @@ def build_manifest(
     return Manifest(step, world_size, config_hash, time.time(), dict(sorted(files.items())))
 
 
+def file_in(directory: Path, relative: str, listed_in: Path) -> Path:
+    """`directory / relative`, once `relative` names a file inside `directory`: not absolute,
+    no `..`, no symlink leading out. Raises CheckpointCorrupt naming `listed_in`, the file
+    that lists the path, otherwise."""
+    pure = PurePosixPath(relative)
+    if not relative or pure.is_absolute() or ".." in pure.parts:
+        raise CheckpointCorrupt(
+            f"{listed_in}: lists {relative!r}, a path outside the checkpoint directory; refused"
+        )
+    path = directory / relative
+    if not path.resolve().is_relative_to(directory.resolve()):
+        raise CheckpointCorrupt(
+            f"{listed_in}: lists {relative!r}, a symlink leading out of {directory}; refused"
+        )
+    return path
+
+
 def read_manifest(directory: Path) -> Manifest:
     path = directory / MANIFEST
     try:
@@ -142,12 +162,13 @@ def verify(directory: Path, checksums: bool = True) -> Manifest:
 
 
 def verify_sizes(directory: Path) -> Manifest:
-    """The manifest, once every file it lists exists with its size (cheap: no file is read)."""
+    """The manifest, once every file it lists lies inside `directory` and exists with its
+    size (cheap: no file is read)."""
     manifest = read_manifest(directory)
     if ".metadata" not in manifest.files:
         raise CheckpointCorrupt(f"{directory}: manifest lists no .metadata (not a DCP checkpoint)")
     for rel, entry in sorted(manifest.files.items()):
-        path = directory / rel
+        path = file_in(directory, rel, directory / MANIFEST)
         if not path.is_file():
             raise CheckpointCorrupt(f"{path}: missing (listed in {MANIFEST})")
         size = path.stat().st_size
@@ -162,7 +183,7 @@ def verify_checksums(directory: Path, manifest: Manifest, files: list[str]) -> N
     """Check the given files (relative paths listed in the manifest) against their checksums;
     ranks that resume together each check a share (see CheckpointHook)."""
     for rel in files:
-        path = directory / rel
+        path = file_in(directory, rel, directory / MANIFEST)
         if checksum_file(path, manifest.checksum_algorithm) != manifest.files[rel].checksum:
             raise CheckpointCorrupt(
                 f"{path}: {manifest.checksum_algorithm} checksum differs from the manifest (altered)"

@@ -3,7 +3,9 @@
 `LocalStorage` is a POSIX directory tree. `FaultyStorage` is the same with injected write
 faults (ENOSPC after N bytes, or a stall), used by tests through checkpoint.fault_* settings.
 DCP reads and writes go through `dcp_writer` / `dcp_reader`; the reader loads DCP's
-`.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code.
+`.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code
+(toolkit.checkpoint.trust). `sync_tree` makes the names of a save's files durable before
+the commit renames its directory.
 The writer skips the zip CRC-32 that `torch.save` computes per tensor (it cost ~1 s of CPU
 per GB here; the manifest's checksums cover every file), writes shards around the page cache
 (O_DIRECT, see toolkit.checkpoint.directio) unless told not to, checksums each file as it
@@ -17,7 +19,6 @@ from __future__ import annotations
 import errno
 import io
 import os
-import pickle
 import shutil
 import time
 from collections.abc import Generator
@@ -39,9 +40,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from toolkit.checkpoint.directio import open_for_write
-from toolkit.checkpoint.manifest import CHECKSUM, FileEntry, new_hash
+from toolkit.checkpoint.manifest import CHECKSUM, FileEntry, file_in, new_hash
 from toolkit.checkpoint.priority import describe_this_thread, lower_this_thread
 from toolkit.checkpoint.serialization import FRAMES, FrameCache
+from toolkit.checkpoint.trust import MetadataUnpickler, UnsafeCheckpoint
 
 
 class Storage(Protocol):
@@ -305,44 +307,20 @@ class FaultyStorage(LocalStorage):
         return writer
 
 
-# DCP's .metadata is a pickle of these classes only (plus builtins); nothing else may load.
-_SAFE_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
-_SAFE_GLOBALS = {
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("collections", "OrderedDict"),
-    ("torch.serialization", "_get_layout"),  # maps a layout name to torch.strided etc.
-    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id
-    ("pathlib", "PurePosixPath"),
-}
-_SAFE_TORCH_ENUMS = ("dtype", "layout", "memory_format")
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_SAFE_MODULE_PREFIXES) or (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch":
-            import torch
-
-            value = getattr(torch, name, None)
-            if type(value).__name__ in _SAFE_TORCH_ENUMS:
-                return value
-        raise pickle.UnpicklingError(
-            f"checkpoint metadata refers to {module}.{name}, which is not a DCP metadata type; "
-            "refusing to load it"
-        )
-
-
 class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader whose .metadata unpickling admits only DCP metadata types."""
+    """FileSystemReader whose .metadata unpickling admits only DCP metadata types
+    (toolkit.checkpoint.trust) and whose shard paths must lie inside the checkpoint."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
+        path = Path(self._get_metadata_path(kwargs.get("rank")))
         with self.fs.create_stream(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+            metadata = MetadataUnpickler(f, path).load()
         if not isinstance(metadata, Metadata):
-            raise pickle.UnpicklingError(f"{path}: not DCP metadata ({type(metadata).__name__})")
+            raise UnsafeCheckpoint(f"{path}: not DCP metadata ({type(metadata).__name__})")
+        for info in (metadata.storage_data or {}).values():
+            relative = getattr(info, "relative_path", None)
+            if relative is not None:
+                file_in(Path(self.path), str(relative), path)
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
