@@ -12,8 +12,9 @@ a state whose structure is unchanged reuses the previous save's plan
 (toolkit.checkpoint.planning). A commit worker per rank waits for the
 write (the writer checksums each shard as it writes it, around the page cache where the
 filesystem allows: see toolkit.checkpoint.directio); rank 0 gathers the checksums, writes the
-manifest (sizes, checksums) and renames the directory to `step-<N>`, and hands retention to
-the purge worker. DCP's finish step gathers every rank's write result on rank 0 before the
+manifest (sizes, checksums), fsyncs the directories inside (their entries must be durable
+before the commit), renames the directory to `step-<N>`, and hands retention to the purge
+worker. DCP's finish step gathers every rank's write result on rank 0 before the
 future completes, so rank 0 commits only after all ranks finished writing. The background
 threads run at `checkpoint.writer_priority` (see toolkit.checkpoint.priority).
 """
@@ -262,6 +263,7 @@ class Checkpointer:
             result.path, result.step, self.world_size, self.config_hash, entries
         )
         self.storage.write_bytes(result.path / MANIFEST, manifest.to_json().encode())
+        self.storage.sync_tree(result.path)  # every name in it durable before the rename
         final = committed_path(self.root, result.step)
         if self.storage.exists(final):  # a stale copy of this step from an earlier job
             self.storage.remove(final)

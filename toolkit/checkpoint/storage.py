@@ -57,6 +57,8 @@ class Storage(Protocol):
 
     def rename(self, src: Path, dst: Path) -> None: ...
 
+    def sync_tree(self, path: Path) -> None: ...
+
     def dcp_writer(self, path: Path) -> ShardWriter: ...
 
     def dcp_reader(self, path: Path) -> FileSystemReader: ...
@@ -95,11 +97,15 @@ class LocalStorage:
 
     def rename(self, src: Path, dst: Path) -> None:
         os.rename(src, dst)  # atomic within one filesystem; fails if dst exists and is not empty
-        fd = os.open(dst.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # make the rename itself durable
-        finally:
-            os.close(fd)
+        _fsync_dir(dst.parent)  # make the rename itself durable
+
+    def sync_tree(self, path: Path) -> None:
+        """fsync every directory under `path`, deepest first, then `path` itself: a file's
+        data is durable once fsynced, its name only once its directory is."""
+        subdirs = [p for p in path.rglob("*") if p.is_dir() and not p.is_symlink()]
+        for directory in sorted(subdirs, key=lambda p: len(p.parts), reverse=True):
+            _fsync_dir(directory)
+        _fsync_dir(path)
 
     def dcp_writer(self, path: Path) -> ShardWriter:
         writer = ShardWriter(path, single_file_per_rank=True, sync_files=True, overwrite=True)
@@ -109,6 +115,14 @@ class LocalStorage:
 
     def dcp_reader(self, path: Path) -> FileSystemReader:
         return SafeFileSystemReader(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class _GuardedStream(io.RawIOBase):
