@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolkit.checkpoint.export import FORMATS, export_model  # noqa: E402
-from toolkit.checkpoint.manifest import CheckpointCorrupt  # noqa: E402
+from toolkit.checkpoint.manifest import CheckpointCorrupt, CheckpointTooNew  # noqa: E402
 from toolkit.checkpoint.trust import UnsafeCheckpoint  # noqa: E402
 
 
@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         path = export_model(args.source, args.out, args.format)
     except (
         CheckpointCorrupt,
+        CheckpointTooNew,
         UnsafeCheckpoint,
         FileNotFoundError,
         ValueError,
