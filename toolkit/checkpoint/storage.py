@@ -32,13 +32,13 @@ from torch.distributed.checkpoint.filesystem import (
     DEFAULT_SUFFIX,
     FileSystem,
     SerializationFormat,
-    _StorageInfo,
 )
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from toolkit.checkpoint import compat
 from toolkit.checkpoint.directio import open_for_write
 from toolkit.checkpoint.manifest import CHECKSUM, FileEntry, file_in, new_hash
 from toolkit.checkpoint.priority import describe_this_thread, lower_this_thread
@@ -202,7 +202,8 @@ class ShardWriter(FileSystemWriter):
             self.single_file_per_rank
             and self.thread_count == 1
             and self.serialization_format == SerializationFormat.TORCH_SAVE
-            and not self.transforms.extensions
+            and not getattr(getattr(self, "transforms", None), "extensions", None)
+            and compat.storage_info() is not None  # private to DCP: else DCP's writer
         )
 
     def _write_one_file(
@@ -211,6 +212,7 @@ class ShardWriter(FileSystemWriter):
         """DCP's write of one rank's shards (`FileSystemWriter.write_data` with one file and
         one thread): the byte items, then every tensor as a torch.save archive, each
         recorded at its offset; the same bytes, with tensors written by `frames`."""
+        storage_info = compat.storage_info()
         key = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
         items = [i for i in plan.items if i.type == WriteItemType.BYTE_IO]
         items += [i for i in plan.items if i.type != WriteItemType.BYTE_IO]
@@ -227,7 +229,7 @@ class ShardWriter(FileSystemWriter):
                         tensor = tensor.clone()  # a view: save only its elements, as DCP does
                     frames.save(tensor, stream)
                 length = stream.tell() - offset
-                info = _StorageInfo(key, offset, length)
+                info = storage_info(key, offset, length)
                 results.append(
                     WriteResult(index=item.index, size_in_bytes=length, storage_data=info)
                 )
@@ -326,7 +328,7 @@ class SafeFileSystemReader(FileSystemReader):
     (toolkit.checkpoint.trust) and whose shard paths must lie inside the checkpoint."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self._get_metadata_path(kwargs.get("rank")))
+        path = Path(compat.metadata_path(self, kwargs.get("rank")))
         with self.fs.create_stream(path, "rb") as f:
             metadata = MetadataUnpickler(f, path).load()
         if not isinstance(metadata, Metadata):
