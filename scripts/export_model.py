@@ -12,7 +12,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolkit.checkpoint.export import FORMATS, export_model  # noqa: E402
-from toolkit.checkpoint.manifest import CheckpointCorrupt  # noqa: E402
+from toolkit.checkpoint.manifest import CheckpointCorrupt, CheckpointTooNew  # noqa: E402
+from toolkit.checkpoint.trust import UnsafeCheckpoint  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +28,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         path = export_model(args.source, args.out, args.format)
-    except (CheckpointCorrupt, FileNotFoundError, ValueError) as exc:
+    except (
+        CheckpointCorrupt,
+        CheckpointTooNew,
+        UnsafeCheckpoint,
+        FileNotFoundError,
+        ValueError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(path)

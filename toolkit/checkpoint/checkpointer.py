@@ -12,8 +12,9 @@ a state whose structure is unchanged reuses the previous save's plan
 (toolkit.checkpoint.planning). A commit worker per rank waits for the
 write (the writer checksums each shard as it writes it, around the page cache where the
 filesystem allows: see toolkit.checkpoint.directio); rank 0 gathers the checksums, writes the
-manifest (sizes, checksums) and renames the directory to `step-<N>`, and hands retention to
-the purge worker. DCP's finish step gathers every rank's write result on rank 0 before the
+manifest (sizes, checksums), fsyncs the directories inside (their entries must be durable
+before the commit), renames the directory to `step-<N>`, and hands retention to the purge
+worker. DCP's finish step gathers every rank's write result on rank 0 before the
 future completes, so rank 0 commits only after all ranks finished writing. The background
 threads run at `checkpoint.writer_priority` (see toolkit.checkpoint.priority).
 """
@@ -55,6 +56,7 @@ from toolkit.checkpoint.retention import Purger, steps_to_delete
 from toolkit.checkpoint.staging import build_stager
 from toolkit.checkpoint.state import capture_rng, mismatches, tensor_shapes, to_json_bytes
 from toolkit.checkpoint.storage import Storage
+from toolkit.checkpoint.trust import SafeLoadPlanner, first_unsafe
 from toolkit.config.checkpoint import CheckpointConfig
 
 log = logging.getLogger(__name__)
@@ -265,6 +267,7 @@ class Checkpointer:
             result.path, result.step, self.world_size, self.config_hash, entries
         )
         self.storage.write_bytes(result.path / MANIFEST, manifest.to_json().encode())
+        self.storage.sync_tree(result.path)  # every name in it durable before the rename
         final = committed_path(self.root, result.step)
         if self.storage.exists(final):  # a stale copy of this step from an earlier job
             self.storage.remove(final)
@@ -364,12 +367,21 @@ class Checkpointer:
     ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Load model and optimizer shards (any world size) from `path`; returns the trainer
         state (JSON) and this rank's RNG state (None when the checkpoint had no such rank).
-        Checks keys and shapes against the model first: nothing is touched on a mismatch."""
+        Checks keys and shapes against the model first: nothing is touched on a mismatch.
+        Non-tensor items are read as plain data only (toolkit.checkpoint.trust)."""
         reader = self.storage.dcp_reader(path)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         self._check_fits(path, reader.read_metadata(), model_sd)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, storage_reader=reader, process_group=self.pg)
+        try:
+            dcp.load(
+                state, storage_reader=reader, planner=SafeLoadPlanner(path), process_group=self.pg
+            )
+        except (Exception, CheckpointException) as exc:
+            unsafe = first_unsafe(exc)
+            if unsafe is not None:  # one line naming the file, not DCP's per-rank report
+                raise unsafe from None
+            raise
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )

@@ -7,13 +7,15 @@ import logging
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from toolkit.checkpoint.layout import checkpoints_dir
 from toolkit.checkpoint.manifest import CheckpointCorrupt, verify
 from toolkit.checkpoint.resume import latest_valid
 from toolkit.checkpoint.storage import LocalStorage, SafeFileSystemReader
+from toolkit.checkpoint.trust import SafeLoadPlanner, first_unsafe
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +38,23 @@ def resolve_checkpoint(path: Path) -> Path:
 
 def load_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
     """The full (unsharded) model tensors of a checkpoint, on CPU, keyed by parameter name."""
-    # The planner rebuilds the state dict from the metadata (as PyTorch's dcp_to_torch_save).
-    state: dict = {}
-    _load_state_dict(
-        state,
-        storage_reader=SafeFileSystemReader(checkpoint),
-        planner=_EmptyStateDictLoadPlanner(keys={"model"}),
-        no_dist=True,
-    )
-    return {k: v.contiguous() for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
+    # Empty tensors of the full shapes the metadata records; DCP fills them from every
+    # rank's shards (as PyTorch's dcp_to_torch_save, through public API only).
+    reader = SafeFileSystemReader(checkpoint)
+    model = {
+        fqn.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+        for fqn, meta in reader.read_metadata().state_dict_metadata.items()
+        if fqn.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+    state = {"model": model}
+    try:
+        dcp.load(state, storage_reader=reader, planner=SafeLoadPlanner(checkpoint))
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - re-raised
+        unsafe = first_unsafe(exc)
+        if unsafe is not None:
+            raise unsafe from None
+        raise
+    return {k: v.contiguous() for k, v in state["model"].items()}
 
 
 def export_model(source: Path, out: Path, fmt: str = "safetensors") -> Path:

@@ -20,10 +20,11 @@ import torch.distributed as dist
 from toolkit.checkpoint.checkpointer import Checkpointer, CheckpointMismatch, SaveResult
 from toolkit.checkpoint.discovery import committed_steps
 from toolkit.checkpoint.layout import CONFIG, checkpoints_dir
-from toolkit.checkpoint.manifest import CheckpointCorrupt
+from toolkit.checkpoint.manifest import CheckpointCorrupt, CheckpointTooNew
 from toolkit.checkpoint.resume import candidates, choose_together
 from toolkit.checkpoint.state import ConfigRecord, changes_meaning, config_diff, restore_rng
 from toolkit.checkpoint.storage import FaultyStorage, LocalStorage, Storage
+from toolkit.checkpoint.trust import UnsafeCheckpoint
 from toolkit.config.checkpoint import CheckpointConfig
 from toolkit.config.fault import FaultConfig
 from toolkit.distributed.env import restart_count
@@ -149,7 +150,7 @@ class CheckpointHook(Hook):
             raise RuntimeError(f"cannot resume: {plan[1]}")
         try:
             path = choose_together(plan[0], self.cfg.verify, rank, world_size)
-        except CheckpointCorrupt as exc:
+        except (CheckpointCorrupt, CheckpointTooNew) as exc:
             raise UserError(f"cannot resume: {exc}", EXIT_CHECKPOINT_UNUSABLE) from None
         except RuntimeError as exc:  # a rank could not check its share; the message says so
             raise RuntimeError(f"cannot resume: {exc}") from None
@@ -157,6 +158,12 @@ class CheckpointHook(Hook):
         return None if path is None else str(path)
 
     def _resume(self, trainer: TrainerView, path: Path) -> None:
+        try:
+            self._load(trainer, path)
+        except UnsafeCheckpoint as exc:  # crafted or foreign: it names the file
+            raise UserError(f"cannot resume: {exc}", EXIT_CHECKPOINT_UNUSABLE) from None
+
+    def _load(self, trainer: TrainerView, path: Path) -> None:
         assert self.ckpt is not None
         t0 = time.time()
         try:

@@ -5,20 +5,29 @@ Checksums are xxh3-128 (format 2): they detect truncated, torn or altered files 
 fraction of sha256's CPU per GB (see docs/BENCHMARKS.md, Issue 4), which on CPU-only nodes
 competes with training for the same cores. They are integrity checks against accidents, not
 signatures: whoever can rewrite a shard can rewrite the manifest too. Format-1 manifests (sha256) still verify.
+
+Every path a manifest lists must stay inside the checkpoint directory (no absolute path, no
+`..`, no symlink leading out). The manifest also names the torch and toolkit versions that
+wrote the checkpoint: DCP reads checkpoints of an older torch, not of a newer one, so a
+checkpoint of a newer torch is refused before any rank loads it (manifests without the
+versions, written before they were recorded, are read as before).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+import torch
 import xxhash
 
+import toolkit
 from toolkit.checkpoint.layout import MANIFEST
 
 FORMAT_VERSION = 2
@@ -29,6 +38,10 @@ _CHUNK_BYTES = 8 << 20
 
 class CheckpointCorrupt(RuntimeError):
     """A committed checkpoint whose files do not match its manifest."""
+
+
+class CheckpointTooNew(RuntimeError):
+    """A checkpoint written by a newer torch than this process runs (DCP cannot read it)."""
 
 
 @dataclass
@@ -46,6 +59,8 @@ class Manifest:
     files: dict[str, FileEntry] = field(default_factory=dict)  # relative path -> entry
     checksum_algorithm: str = CHECKSUM
     format_version: int = FORMAT_VERSION
+    torch_version: str | None = None  # None: written before versions were recorded
+    toolkit_version: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -117,7 +132,54 @@ def build_manifest(
         else:
             todo.append(rel)
     files.update(describe_files(directory, todo))
-    return Manifest(step, world_size, config_hash, time.time(), dict(sorted(files.items())))
+    return Manifest(
+        step,
+        world_size,
+        config_hash,
+        time.time(),
+        dict(sorted(files.items())),
+        torch_version=torch.__version__,
+        toolkit_version=toolkit.__version__,
+    )
+
+
+def file_in(directory: Path, relative: str, listed_in: Path) -> Path:
+    """`directory / relative`, once `relative` names a file inside `directory`: not absolute,
+    no `..`, no symlink leading out. Raises CheckpointCorrupt naming `listed_in`, the file
+    that lists the path, otherwise."""
+    pure = PurePosixPath(relative)
+    if not relative or pure.is_absolute() or ".." in pure.parts:
+        raise CheckpointCorrupt(
+            f"{listed_in}: lists {relative!r}, a path outside the checkpoint directory; refused"
+        )
+    path = directory / relative
+    if not path.resolve().is_relative_to(directory.resolve()):
+        raise CheckpointCorrupt(
+            f"{listed_in}: lists {relative!r}, a symlink leading out of {directory}; refused"
+        )
+    return path
+
+
+def release(version: str) -> tuple[int, ...]:
+    """The release numbers of a version string: "2.15.0+cu128" -> (2, 15, 0)."""
+    match = re.match(r"\d+(\.\d+)*", version)
+    return tuple(int(n) for n in match.group(0).split(".")) if match else ()
+
+
+def check_torch_version(directory: Path, manifest: Manifest, running: str | None = None) -> None:
+    """Raise CheckpointTooNew when the checkpoint was written by a newer torch release than
+    `running` (this process's): DCP's metadata gains fields between releases, and an older
+    torch fails deep inside the load on every rank."""
+    running = running or torch.__version__
+    written = manifest.torch_version
+    if written is None or release(written) <= release(running):
+        return
+    raise CheckpointTooNew(
+        f"{directory}: written by torch {written} (toolkit {manifest.toolkit_version}), "
+        f"this job runs torch {running} (toolkit {toolkit.__version__}), which cannot read "
+        f"checkpoints of a newer torch; resume with torch>={'.'.join(map(str, release(written)))}, "
+        "or start without this checkpoint"
+    )
 
 
 def read_manifest(directory: Path) -> Manifest:
@@ -142,12 +204,15 @@ def verify(directory: Path, checksums: bool = True) -> Manifest:
 
 
 def verify_sizes(directory: Path) -> Manifest:
-    """The manifest, once every file it lists exists with its size (cheap: no file is read)."""
+    """The manifest, once every file it lists lies inside `directory` and exists with its
+    size, and this torch can read it (cheap: no file is read). Raises CheckpointTooNew for a
+    checkpoint of a newer torch."""
     manifest = read_manifest(directory)
     if ".metadata" not in manifest.files:
         raise CheckpointCorrupt(f"{directory}: manifest lists no .metadata (not a DCP checkpoint)")
+    check_torch_version(directory, manifest)
     for rel, entry in sorted(manifest.files.items()):
-        path = directory / rel
+        path = file_in(directory, rel, directory / MANIFEST)
         if not path.is_file():
             raise CheckpointCorrupt(f"{path}: missing (listed in {MANIFEST})")
         size = path.stat().st_size
@@ -162,7 +227,7 @@ def verify_checksums(directory: Path, manifest: Manifest, files: list[str]) -> N
     """Check the given files (relative paths listed in the manifest) against their checksums;
     ranks that resume together each check a share (see CheckpointHook)."""
     for rel in files:
-        path = directory / rel
+        path = file_in(directory, rel, directory / MANIFEST)
         if checksum_file(path, manifest.checksum_algorithm) != manifest.files[rel].checksum:
             raise CheckpointCorrupt(
                 f"{path}: {manifest.checksum_algorithm} checksum differs from the manifest (altered)"

@@ -17,14 +17,12 @@ reuse each other's plans, and drops its entries when the checkpointer closes.
 
 from __future__ import annotations
 
-import inspect
-import logging
 import uuid
 
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 from torch.distributed.checkpoint.planner import SavePlanner
 
-log = logging.getLogger(__name__)
+from toolkit.checkpoint import compat
 
 # SavePlanner's class-level caches (torch >= 2.7), each keyed by `_cached_plans_key`.
 _CACHES = (
@@ -41,13 +39,11 @@ class PlanCache:
 
     def __init__(self) -> None:
         self.key = f"toolkit-{uuid.uuid4().hex}"
-        self.supported = "enable_plan_caching" in inspect.signature(DefaultSavePlanner).parameters
-        if not self.supported:  # pragma: no cover - torch < 2.7
-            log.warning("this torch cannot reuse checkpoint plans: every save plans afresh")
+        self.supported = compat.plan_caching(_CACHES)  # private to DCP: falls back to none
 
     def planner(self) -> SavePlanner:
         """DCP's default save planner, reusing this cache's plans where torch can."""
-        if not self.supported:  # pragma: no cover - torch < 2.7
+        if not self.supported:
             return DefaultSavePlanner()
         planner = DefaultSavePlanner(enable_plan_caching=True)
         planner._cached_plans_key = self.key

@@ -7,7 +7,9 @@ rank checks the sizes of all files (no file is read) and the checksums of its sh
 and the ranks agree through one gather per candidate: a rank reads about 1/world of the
 checkpoint, instead of rank 0 reading all of it while the others wait. A corrupt candidate
 is skipped with a warning where fallback is allowed (`checkpoint.on_corrupt=fallback`, the
-run's own checkpoints only), and stops the job otherwise.
+run's own checkpoints only), and stops the job otherwise. A checkpoint written by a newer
+torch than this job's stops the job before any rank loads it, fallback or not: an older
+checkpoint would silently lose progress, and it was most likely written by that torch too.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ import torch.distributed as dist
 
 from toolkit.checkpoint.discovery import committed_steps, remove_torn
 from toolkit.checkpoint.layout import committed_path
-from toolkit.checkpoint.manifest import CheckpointCorrupt, verify_checksums, verify_sizes
+from toolkit.checkpoint.manifest import (
+    CheckpointCorrupt,
+    CheckpointTooNew,
+    verify_checksums,
+    verify_sizes,
+)
 from toolkit.checkpoint.storage import Storage
 from toolkit.config.checkpoint import CheckpointConfig
 
@@ -79,17 +86,21 @@ def choose_together(
     options: list[Candidate], checksums: bool, rank: int, world_size: int, group: Any = None
 ) -> Path | None:
     """The first candidate that every rank found intact (call on all ranks with the same
-    list). Raises CheckpointCorrupt on all ranks when one without fallback is corrupt, and
-    RuntimeError when a rank could not check its share for another reason."""
+    list). Raises CheckpointCorrupt on all ranks when one without fallback is corrupt,
+    CheckpointTooNew when one was written by a newer torch, and RuntimeError when a rank
+    could not check its share for another reason."""
     for option in options:
         problem = _check_share(option.path, checksums, rank, world_size)
         problems: list[Any] = [problem] * world_size
         if world_size > 1:
             dist.all_gather_object(problems, problem, group=group)
+        too_new = [p[1] for p in problems if p is not None and p[0] == "too_new"]
+        if too_new:
+            raise CheckpointTooNew(too_new[0])
         errors = [p[1] for p in problems if p is not None and p[0] == "error"]
         if errors:
             raise RuntimeError(f"cannot check checkpoint {option.path}: {errors[0]}")
-        corrupt = sorted({p[1] for p in problems if p is not None})
+        corrupt = sorted({p[1] for p in problems if p is not None and p[0] == "corrupt"})
         if not corrupt:
             return option.path
         if not option.fallback:
@@ -110,6 +121,8 @@ def _check_share(path: Path, checksums: bool, rank: int, world_size: int) -> tup
             verify_checksums(path, manifest, sorted(manifest.files)[rank::world_size])
     except CheckpointCorrupt as exc:
         return ("corrupt", str(exc))
+    except CheckpointTooNew as exc:
+        return ("too_new", str(exc))
     except Exception as exc:  # noqa: BLE001 - every rank must reach the gather
         return ("error", f"rank {rank}: {type(exc).__name__}: {exc}")
     return None

@@ -12,17 +12,12 @@ the GIL released.
 
 from __future__ import annotations
 
-import logging
+import functools
 
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-log = logging.getLogger(__name__)
-
-try:  # the hook is private to DCP (torch >= 2.8): without it, DCP's own copies are used
-    from torch.distributed.checkpoint._state_dict_stager import StateDictStager
-except ImportError:  # pragma: no cover - older torch
-    StateDictStager = None  # type: ignore[assignment,misc]
+from toolkit.checkpoint import compat
 
 
 def as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
@@ -30,11 +25,12 @@ def as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
-if StateDictStager is not None:
+@functools.cache
+def _gil_free_stager(base: type) -> type:
+    """DCP's StateDictStager (`base`, private to DCP: see toolkit.checkpoint.compat) with its
+    one storage copy done as a tensor copy."""
 
-    class _GilFreeStorageStager(StateDictStager):
-        """DCP's StateDictStager with its one storage copy done as a tensor copy."""
-
+    class GilFreeStorageStager(base):  # type: ignore[misc,valid-type]
         def _stage_untyped_storage(
             self, storage: torch.UntypedStorage, non_blocking: bool = False
         ) -> torch.UntypedStorage:
@@ -47,6 +43,8 @@ if StateDictStager is not None:
                 self._cached_storage_mapping[storage] = cached
             as_bytes(cached).copy_(as_bytes(storage), non_blocking=non_blocking)
             return cached
+
+    return GilFreeStorageStager
 
 
 def build_stager(device: torch.device, overlap: bool, gil_free: bool = True) -> DefaultStager:
@@ -67,12 +65,9 @@ def build_stager(device: torch.device, overlap: bool, gil_free: bool = True) -> 
     )
     if not gil_free:
         return stager
-    if StateDictStager is not None and isinstance(
-        getattr(stager, "_state_dict_stager", None), StateDictStager
-    ):
-        old = stager._state_dict_stager
-        stager._state_dict_stager = _GilFreeStorageStager(pin_memory=old.pin_memory)
-        old.close()
-    else:  # pragma: no cover - another torch layout
-        log.warning("DCP's stager has no storage hook here: staging copies hold the GIL")
+    base = compat.state_dict_stager()
+    inner = compat.stager_parts(stager, base) if base is not None else None
+    if base is not None and inner is not None:
+        stager._state_dict_stager = _gil_free_stager(base)(pin_memory=inner.pin_memory)
+        inner.close()
     return stager

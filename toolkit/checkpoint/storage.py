@@ -3,7 +3,9 @@
 `LocalStorage` is a POSIX directory tree. `FaultyStorage` is the same with injected write
 faults (ENOSPC after N bytes, or a stall), used by tests through the fault.save_* settings.
 DCP reads and writes go through `dcp_writer` / `dcp_reader`; the reader loads DCP's
-`.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code.
+`.metadata` with a restricted unpickler so that a checkpoint cannot run arbitrary code
+(toolkit.checkpoint.trust). `sync_tree` makes the names of a save's files durable before
+the commit renames its directory.
 The writer skips the zip CRC-32 that `torch.save` computes per tensor (most of DCP's CPU
 per GB written, see docs/BENCHMARKS.md, Issue 4; the manifest's checksums cover every file),
 writes shards around the page cache (O_DIRECT, see toolkit.checkpoint.directio) unless told
@@ -18,7 +20,6 @@ from __future__ import annotations
 import errno
 import io
 import os
-import pickle
 import shutil
 import time
 from collections.abc import Generator
@@ -32,17 +33,18 @@ from torch.distributed.checkpoint.filesystem import (
     DEFAULT_SUFFIX,
     FileSystem,
     SerializationFormat,
-    _StorageInfo,
 )
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from toolkit.checkpoint import compat
 from toolkit.checkpoint.directio import open_for_write
-from toolkit.checkpoint.manifest import CHECKSUM, FileEntry, new_hash
+from toolkit.checkpoint.manifest import CHECKSUM, FileEntry, file_in, new_hash
 from toolkit.checkpoint.priority import describe_this_thread, lower_this_thread
 from toolkit.checkpoint.serialization import FRAMES, FrameCache
+from toolkit.checkpoint.trust import MetadataUnpickler, UnsafeCheckpoint
 
 
 class Storage(Protocol):
@@ -55,6 +57,8 @@ class Storage(Protocol):
     def write_bytes(self, path: Path, data: bytes) -> None: ...
 
     def rename(self, src: Path, dst: Path) -> None: ...
+
+    def sync_tree(self, path: Path) -> None: ...
 
     def dcp_writer(self, path: Path) -> ShardWriter: ...
 
@@ -94,11 +98,15 @@ class LocalStorage:
 
     def rename(self, src: Path, dst: Path) -> None:
         os.rename(src, dst)  # atomic within one filesystem; fails if dst exists and is not empty
-        fd = os.open(dst.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # make the rename itself durable
-        finally:
-            os.close(fd)
+        _fsync_dir(dst.parent)  # make the rename itself durable
+
+    def sync_tree(self, path: Path) -> None:
+        """fsync every directory under `path`, deepest first, then `path` itself: a file's
+        data is durable once fsynced, its name only once its directory is."""
+        subdirs = [p for p in path.rglob("*") if p.is_dir() and not p.is_symlink()]
+        for directory in sorted(subdirs, key=lambda p: len(p.parts), reverse=True):
+            _fsync_dir(directory)
+        _fsync_dir(path)
 
     def dcp_writer(self, path: Path) -> ShardWriter:
         writer = ShardWriter(path, single_file_per_rank=True, sync_files=True, overwrite=True)
@@ -108,6 +116,14 @@ class LocalStorage:
 
     def dcp_reader(self, path: Path) -> FileSystemReader:
         return SafeFileSystemReader(path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class _GuardedStream(io.RawIOBase):
@@ -187,7 +203,8 @@ class ShardWriter(FileSystemWriter):
             self.single_file_per_rank
             and self.thread_count == 1
             and self.serialization_format == SerializationFormat.TORCH_SAVE
-            and not self.transforms.extensions
+            and not getattr(getattr(self, "transforms", None), "extensions", None)
+            and compat.storage_info() is not None  # private to DCP: else DCP's writer
         )
 
     def _write_one_file(
@@ -196,6 +213,7 @@ class ShardWriter(FileSystemWriter):
         """DCP's write of one rank's shards (`FileSystemWriter.write_data` with one file and
         one thread): the byte items, then every tensor as a torch.save archive, each
         recorded at its offset; the same bytes, with tensors written by `frames`."""
+        storage_info = compat.storage_info()
         key = f"{plan.storage_data.prefix}0{DEFAULT_SUFFIX}"
         items = [i for i in plan.items if i.type == WriteItemType.BYTE_IO]
         items += [i for i in plan.items if i.type != WriteItemType.BYTE_IO]
@@ -212,7 +230,7 @@ class ShardWriter(FileSystemWriter):
                         tensor = tensor.clone()  # a view: save only its elements, as DCP does
                     frames.save(tensor, stream)
                 length = stream.tell() - offset
-                info = _StorageInfo(key, offset, length)
+                info = storage_info(key, offset, length)
                 results.append(
                     WriteResult(index=item.index, size_in_bytes=length, storage_data=info)
                 )
@@ -306,44 +324,20 @@ class FaultyStorage(LocalStorage):
         return writer
 
 
-# DCP's .metadata is a pickle of these classes only (plus builtins); nothing else may load.
-_SAFE_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
-_SAFE_GLOBALS = {
-    ("torch", "Size"),
-    ("torch", "device"),
-    ("collections", "OrderedDict"),
-    ("torch.serialization", "_get_layout"),  # maps a layout name to torch.strided etc.
-    ("pathlib", "PosixPath"),  # StorageMeta.checkpoint_id
-    ("pathlib", "PurePosixPath"),
-}
-_SAFE_TORCH_ENUMS = ("dtype", "layout", "memory_format")
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_SAFE_MODULE_PREFIXES) or (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch":
-            import torch
-
-            value = getattr(torch, name, None)
-            if type(value).__name__ in _SAFE_TORCH_ENUMS:
-                return value
-        raise pickle.UnpicklingError(
-            f"checkpoint metadata refers to {module}.{name}, which is not a DCP metadata type; "
-            "refusing to load it"
-        )
-
-
 class SafeFileSystemReader(FileSystemReader):
-    """FileSystemReader whose .metadata unpickling admits only DCP metadata types."""
+    """FileSystemReader whose .metadata unpickling admits only DCP metadata types
+    (toolkit.checkpoint.trust) and whose shard paths must lie inside the checkpoint."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
+        path = Path(compat.metadata_path(self, kwargs.get("rank")))
         with self.fs.create_stream(path, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+            metadata = MetadataUnpickler(f, path).load()
         if not isinstance(metadata, Metadata):
-            raise pickle.UnpicklingError(f"{path}: not DCP metadata ({type(metadata).__name__})")
+            raise UnsafeCheckpoint(f"{path}: not DCP metadata ({type(metadata).__name__})")
+        for info in (metadata.storage_data or {}).values():
+            relative = getattr(info, "relative_path", None)
+            if relative is not None:
+                file_in(Path(self.path), str(relative), path)
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
 
