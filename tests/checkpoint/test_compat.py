@@ -44,7 +44,7 @@ def test_without_a_private_piece_saves_and_loads_fall_back_with_one_warning(
     cfg = CheckpointConfig(enabled=True, async_save=True, overlap_staging=True, cache_plans=True)
     model, optimizer = model_and_optimizer(seed=0)
     with pytest.warns(CompatWarning) as caught:
-        ckpt = Checkpointer(cfg, tmp_path, LocalStorage(), {}, "cfg", torch.device("cpu"))
+        ckpt = Checkpointer(cfg, tmp_path, LocalStorage(), "{}", "cfg", torch.device("cpu"))
         for step in (1, 2):  # the second save would reuse the first one's plan
             ckpt.save(step, model, optimizer, {"step": step})
             ckpt.wait_staged()

@@ -47,7 +47,7 @@ def test_every_directory_of_a_save_is_fsynced_before_the_commit_rename(
     events: list = []
     record_directory_fsyncs(monkeypatch, events)
     cfg = CheckpointConfig(enabled=True)
-    ckpt = Checkpointer(cfg, tmp_path, RecordingStorage(events), {}, "cfg", torch.device("cpu"))
+    ckpt = Checkpointer(cfg, tmp_path, RecordingStorage(events), "{}", "cfg", torch.device("cpu"))
     model, optimizer = model_and_optimizer(seed=0)
     ckpt.save(2, model, optimizer, {"step": 2}, blocking=True)
     (done,) = ckpt.wait()

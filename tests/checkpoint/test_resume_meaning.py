@@ -20,6 +20,7 @@ from toolkit.config.shape import split_global_batch
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED
 
 UNSET_GLOBAL = "trainer.global_batch_size=null"  # the default: micro x accum x world
+KEEP_4 = "checkpoint.keep_every=4"  # the step-4 checkpoint outlives retention
 
 
 def steps_tokens(run_dir) -> set[int]:
@@ -39,7 +40,7 @@ def test_a_two_rank_run_without_a_global_batch_keeps_it_on_four_ranks(reference,
     """2 ranks x micro 4 = 8 sequences a step; resumed on 4 ranks with the same micro-batch
     setting (which alone would make 16), the checkpoint's 8 win: micro-batch 2."""
     source = tmp_path / "two"
-    done = launch(source, *CKPT, UNSET_GLOBAL, "trainer.micro_batch_size=4")
+    done = launch(source, *CKPT, KEEP_4, UNSET_GLOBAL, "trainer.micro_batch_size=4")
     assert done.returncode == 0, done.stderr
     four = tmp_path / "four"
     done = launch(
@@ -65,7 +66,12 @@ def test_a_two_rank_run_without_a_global_batch_keeps_it_on_four_ranks(reference,
 def test_a_four_rank_run_without_a_global_batch_keeps_it_on_two_ranks(reference, tmp_path):
     source = tmp_path / "four"
     done = launch(
-        source, *CKPT, UNSET_GLOBAL, "trainer.micro_batch_size=2", "cluster.tasks_per_node=4"
+        source,
+        *CKPT,
+        KEEP_4,
+        UNSET_GLOBAL,
+        "trainer.micro_batch_size=2",
+        "cluster.tasks_per_node=4",
     )
     assert done.returncode == 0, done.stderr
     two = tmp_path / "two"

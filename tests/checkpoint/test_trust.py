@@ -92,7 +92,7 @@ def test_a_pickle_in_an_optimizer_item_is_refused_and_never_runs(single_rank_gro
     model, optimizer = model_and_optimizer(seed=0)
     write_run_checkpoint(checkpoint, model, optimizer, TouchesAFile(marker))
     ckpt = Checkpointer(
-        CheckpointConfig(enabled=True), tmp_path, LocalStorage(), {}, "cfg", torch.device("cpu")
+        CheckpointConfig(enabled=True), tmp_path, LocalStorage(), "{}", "cfg", torch.device("cpu")
     )
     fresh, fresh_optimizer = model_and_optimizer(seed=1)
     try:
@@ -112,7 +112,7 @@ def test_plain_optimizer_items_still_load(single_rank_group, tmp_path):
     model, optimizer = model_and_optimizer(seed=0)
     write_run_checkpoint(checkpoint, model, optimizer, 0.125)
     ckpt = Checkpointer(
-        CheckpointConfig(enabled=True), tmp_path, LocalStorage(), {}, "cfg", torch.device("cpu")
+        CheckpointConfig(enabled=True), tmp_path, LocalStorage(), "{}", "cfg", torch.device("cpu")
     )
     fresh, fresh_optimizer = model_and_optimizer(seed=1)
     assert ckpt.load(checkpoint, fresh, fresh_optimizer)[0] == {"step": 2}
