@@ -21,6 +21,7 @@ import submitit
 from submitit.core.utils import FailedJobError
 
 from toolkit.config.shape import tasks_per_node
+from toolkit.errors import USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root
 from toolkit.executors.slurm_jobs import (
     JobState,
@@ -232,6 +233,10 @@ def follow_job(folder: Path, job_id: str, run_dir: Path, follow: bool) -> int:
     code = state.exit_status()
     if code == 0:
         print(f"job {job_id} COMPLETED; run dir {run_dir}", flush=True)
+    elif code in USER_ERROR_EXITS:
+        # Rank 0 said what and what to do in one line; followed, it is on stderr already.
+        if not follow:
+            print(_tail(run_dir / "logs" / "error-rank0.txt", 1), file=sys.stderr, flush=True)
     else:
         report_failure(folder, job_id, run_dir, state)
     return code
