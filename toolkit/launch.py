@@ -16,6 +16,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from toolkit.config.cluster import check_run_dir
 from toolkit.config.compose import compose_raw, job_to_dict, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import validate
@@ -66,6 +67,7 @@ def prepare(overrides_list: list[list[str]], multirun: bool) -> tuple[list[Prepa
         else:
             run_dir = Path(str(cfg.hydra.run.dir)).resolve()
         job.run_dir = str(run_dir)
+        check_run_dir(job.run_dir, multirun)
         validate(job)
         runs.append(PreparedRun(job=job, run_dir=run_dir, overrides=overrides))
         cfgs.append(cfg)
