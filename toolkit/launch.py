@@ -10,6 +10,7 @@ Bad input exits 2 before any rank starts, one line per problem.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -21,6 +22,7 @@ from toolkit.config.compose import compose_raw, job_to_dict, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import validate
 from toolkit.executors import PreparedRun, get_executor
+from toolkit.redact import redact
 
 USAGE = """python -m toolkit.launch [-m] [--cfg job] [OVERRIDE ...]
 
@@ -75,12 +77,22 @@ def prepare(overrides_list: list[list[str]], multirun: bool) -> tuple[list[Prepa
 
 
 def write_run_dir(run: PreparedRun, choices: dict) -> None:
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(job_to_dict(run.job)), run.run_dir / "config.yaml")
-    OmegaConf.save(
-        OmegaConf.create({"overrides": run.overrides, "choices": choices}),
-        run.run_dir / "launch.yaml",
-    )
+    """config.yaml is what every rank reads back and runs: it keeps every value, secrets
+    included, and is private to the user (the run dir 0700, the file 0600). launch.yaml
+    records the command line, redacted."""
+    run.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    run.run_dir.chmod(0o700)
+    config = OmegaConf.create(job_to_dict(run.job))
+    _save_private(OmegaConf.to_yaml(config), run.run_dir / "config.yaml")
+    record = OmegaConf.create({"overrides": redact(run.overrides), "choices": choices})
+    _save_private(OmegaConf.to_yaml(record), run.run_dir / "launch.yaml")
+
+
+def _save_private(text: str, path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # also when the file was there already
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def prepare_in_allocation(overrides: list[str], environ: dict[str, str]) -> Path:

@@ -16,6 +16,7 @@ from pathlib import Path
 from toolkit.config.validate import tasks_per_node
 from toolkit.distributed.env import free_port
 from toolkit.executors import PreparedRun, repo_root
+from toolkit.redact import redact
 
 POLL_S = 0.1
 
@@ -54,7 +55,8 @@ class LocalExecutor:
         for i, run in enumerate(runs):
             if len(runs) > 1:
                 print(
-                    f"[{i + 1}/{len(runs)}] {' '.join(run.overrides)} -> {run.run_dir}", flush=True
+                    f"[{i + 1}/{len(runs)}] {' '.join(redact(run.overrides))} -> {run.run_dir}",
+                    flush=True,
                 )
             if run.job.launch.dry_run:
                 print(self.describe(run))

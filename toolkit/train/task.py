@@ -40,12 +40,13 @@ def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list
     if job.checkpoint.enabled:
         from toolkit.checkpoint.hook import CheckpointHook, slurm_job_id
         from toolkit.config.compose import job_to_dict
+        from toolkit.redact import redact
 
         hooks.append(
             CheckpointHook(
                 job.checkpoint,
                 run_dir,
-                job_to_dict(job),
+                redact(job_to_dict(job)),  # written to every checkpoint's config.json
                 sink,
                 signal_name=job.cluster.signal,
                 signal_lead_s=job.cluster.signal_lead_s,
