@@ -18,11 +18,13 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from toolkit.config.cluster import check_run_dir
 from toolkit.config.compose import compose_raw, job_to_dict, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import RuntimeCheck, validate
 from toolkit.executors import PreparedRun, get_executor
 from toolkit.nccl.checks import check_job as nccl_problems
+from toolkit.redact import redact
 from toolkit.tasks import task_problems
 
 # Checks that need the runtime's knowledge (task names, NCCL's variables), beside the
@@ -78,6 +80,7 @@ def prepare(overrides_list: list[list[str]], multirun: bool) -> tuple[list[Prepa
         else:
             run_dir = Path(str(cfg.hydra.run.dir)).resolve()
         job.run_dir = str(run_dir)
+        check_run_dir(job.run_dir, multirun)
         validate(job, RUNTIME_CHECKS)
         runs.append(PreparedRun(job=job, run_dir=run_dir, overrides=overrides))
         cfgs.append(cfg)
@@ -85,12 +88,22 @@ def prepare(overrides_list: list[list[str]], multirun: bool) -> tuple[list[Prepa
 
 
 def write_run_dir(run: PreparedRun, choices: dict) -> None:
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(job_to_dict(run.job)), run.run_dir / "config.yaml")
-    OmegaConf.save(
-        OmegaConf.create({"overrides": run.overrides, "choices": choices}),
-        run.run_dir / "launch.yaml",
-    )
+    """config.yaml is what every rank reads back and runs: it keeps every value, secrets
+    included, and is private to the user (the run dir 0700, the file 0600). launch.yaml
+    records the command line, redacted."""
+    run.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    run.run_dir.chmod(0o700)
+    config = OmegaConf.create(job_to_dict(run.job))
+    _save_private(OmegaConf.to_yaml(config), run.run_dir / "config.yaml")
+    record = OmegaConf.create({"overrides": redact(run.overrides), "choices": choices})
+    _save_private(OmegaConf.to_yaml(record), run.run_dir / "launch.yaml")
+
+
+def _save_private(text: str, path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # also when the file was there already
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def prepare_in_allocation(overrides: list[str], environ: dict[str, str]) -> Path:

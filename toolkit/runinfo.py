@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import socket
 import subprocess
 import sys
@@ -14,12 +13,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL", re.IGNORECASE)
-REDACTED = "<redacted>"
+from toolkit.redact import REDACTED, redact, redact_env
 
-
-def redact_env(environ: dict[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if SECRET.search(k) else v) for k, v in sorted(environ.items())}
+__all__ = ["REDACTED", "redact_env", "snapshot", "write_snapshot"]
 
 
 def git_state(repo: Path) -> dict[str, Any]:
@@ -76,7 +72,7 @@ def snapshot() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": sys.version,
         "executable": sys.executable,
-        "argv": sys.argv,
+        "argv": redact(sys.argv),
         "git": git_state(Path(__file__).resolve().parents[1]),
         **torch_versions(),
         "packages": packages(),
@@ -87,3 +83,4 @@ def snapshot() -> dict[str, Any]:
 def write_snapshot(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(snapshot(), indent=2, sort_keys=True))
+    path.chmod(0o600)

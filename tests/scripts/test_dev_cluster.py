@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import DEV_CLUSTER
 
 pytestmark = pytest.mark.slurm
 
@@ -121,6 +126,20 @@ def test_a_second_cluster_starts_from_nothing_and_down_leaves_no_daemon(slurm_cl
             env=second, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert sorted(step.stdout.split()) == ["n1", "n2"], step.stderr
+        # Private to root, with a munge key and database password of its own.
+        assert (state_dir.stat().st_uid, stat.S_IMODE(state_dir.stat().st_mode)) == (0, 0o711)
+        own = private_files(state_dir)
+        shared = private_files(Path(slurm_cluster.env["SLURM_CONF"]).parents[1])
+        munge_uid = int(subprocess.run(["id", "-u", "munge"], capture_output=True).stdout)
+        assert own["munge.key"][:2] == (munge_uid, 0o400)
+        assert own["slurmdbd.pass"][:2] == (0, 0o600)
+        assert own["slurmdbd.conf"][1] == 0o600
+        password = own["slurmdbd.pass"][2].decode()
+        assert (
+            len(password) >= 32 and f"StoragePass={password}\n" in own["slurmdbd.conf"][2].decode()
+        )
+        for name in ("munge.key", "slurmdbd.pass"):
+            assert own[name][2] != shared[name][2], f"{name} is the shared cluster's"
         pids = [int(p.read_text()) for p in state_dir.rglob("*.pid")]
         assert len(pids) == 6  # munged, mariadbd, slurmdbd, slurmctld, slurmd x2
         down = subprocess.run([script, "down"], env=env, capture_output=True, text=True, timeout=60)
@@ -131,3 +150,54 @@ def test_a_second_cluster_starts_from_nothing_and_down_leaves_no_daemon(slurm_cl
     finally:
         subprocess.run([script, "down", "--purge"], env=env, capture_output=True, timeout=60)
     assert not state_dir.exists()
+
+
+def private_files(state_dir: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Owner, mode and content of what must stay secret in a state dir."""
+    return {
+        name: (path.stat().st_uid, stat.S_IMODE(path.stat().st_mode), path.read_bytes())
+        for name, path in {
+            "munge.key": state_dir / "munge" / "munge.key",
+            "slurmdbd.pass": state_dir / "etc" / "slurmdbd.pass",
+            "slurmdbd.conf": state_dir / "etc" / "slurmdbd.conf",
+        }.items()
+    }
+
+
+@pytest.fixture
+def bad_state_dir() -> Iterator[Path]:
+    path = Path(f"/var/tmp/toolkit-dev-cluster-bad-{os.getpid()}")
+    yield path
+    if path.is_symlink():
+        path.unlink()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="scripts/dev-cluster runs as root")
+@pytest.mark.parametrize(
+    ("owner", "mode", "message"),
+    [
+        (65534, 0o700, "is owned by uid 65534, not root"),
+        (0, 0o777, "has mode 777, writable by group or others"),
+        (0, 0o730, "has mode 730, writable by group or others"),
+    ],
+)
+def test_up_refuses_a_state_dir_another_user_could_change(bad_state_dir, owner, mode, message):
+    # Whoever can write there can swap the munge key, the configs or the daemons' files.
+    bad_state_dir.mkdir()
+    os.chown(bad_state_dir, owner, owner)
+    bad_state_dir.chmod(mode)
+    env = os.environ | {"TOOLKIT_DEV_CLUSTER_DIR": str(bad_state_dir)}
+    up = subprocess.run([DEV_CLUSTER, "up"], env=env, capture_output=True, text=True, timeout=30)
+    assert up.returncode == 1
+    assert message in up.stderr and "state dir" in up.stderr
+    assert list(bad_state_dir.iterdir()) == [], "nothing is written or started"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="scripts/dev-cluster runs as root")
+def test_up_refuses_a_state_dir_that_is_a_symlink(bad_state_dir, tmp_path):
+    bad_state_dir.symlink_to(tmp_path)
+    env = os.environ | {"TOOLKIT_DEV_CLUSTER_DIR": str(bad_state_dir)}
+    up = subprocess.run([DEV_CLUSTER, "up"], env=env, capture_output=True, text=True, timeout=30)
+    assert up.returncode == 1 and "is a symlink" in up.stderr
+    assert list(tmp_path.iterdir()) == []

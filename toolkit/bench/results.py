@@ -22,6 +22,7 @@ from toolkit.config.shape import micro_batch_size
 from toolkit.events import read_steps
 from toolkit.perfmodel import Prediction, predict_job
 from toolkit.perfmodel.model import PHASE_OF_TERM
+from toolkit.redact import redact_text
 from toolkit.train.flops import flops_per_token
 
 STEP_FIELDS = ("step", "wall_time", "step_time_s", *PHASES, "loss", "tokens_per_s", "mfu")
@@ -165,4 +166,5 @@ def write_h5(
             ("env_json", "env.json"),
         ):
             p = run_dir / file
-            run.create_dataset(name, data=p.read_text() if p.exists() else "")
+            # config.yaml is kept verbatim in the run dir (the ranks run it); copies are redacted.
+            run.create_dataset(name, data=redact_text(p.read_text()) if p.exists() else "")

@@ -5,12 +5,32 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from toolkit.config.errors import below_minimum
+from toolkit.config.errors import (
+    ConfigError,
+    below_minimum,
+    control_characters,
+    control_problem,
+    shown,
+)
 
 # sbatch --time forms: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d+(:\d{1,2}){0,2}")
 _MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE)
 _SBATCH_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=.+)?")
+# What Slurm accepts in the single-token fields (ASCII only; no spaces, quotes or shell syntax).
+# Partitions, accounts, QOS: names, comma-separated where sbatch takes several.
+_NAMES = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+# Node features joined by & | and ',' with [] () and *count, e.g. "a100&ib" or "[r1|r2]*2".
+_CONSTRAINT = re.compile(r"[A-Za-z0-9_.\-&|,\[\]()*!:]+")
+# Host lists, e.g. "node[01-04,07],gpu3".
+_HOSTLIST = re.compile(r"[A-Za-z0-9_.\-,\[\]]+")
+_TOKENS = {
+    "partition": (_NAMES, "a partition name (or several, comma-separated)"),
+    "account": (_NAMES, "an account name"),
+    "qos": (_NAMES, "a QOS name (or several, comma-separated)"),
+    "constraint": (_CONSTRAINT, "node features joined by & | or ',' (e.g. a100&ib)"),
+    "exclude": (_HOSTLIST, "a host list (e.g. node[01-04],gpu3)"),
+}
 
 
 @dataclass
@@ -56,28 +76,68 @@ def parse_sbatch_extra(lines: list[str]) -> dict[str, str | bool]:
     return options
 
 
+def script_text_problems(c: ClusterConfig) -> list[str]:
+    """Every string that ends up in the sbatch script or the srun line, checked as text:
+    a control character (a newline above all) would let a value write its own `#SBATCH` or
+    shell line, so it is refused; the single-token fields hold only what Slurm accepts."""
+    p = []
+    texts = {
+        name: getattr(c, name)
+        for name in ("partition", "account", "qos", "constraint", "exclude", "job_name")
+        + ("mem", "time", "signal", "python")
+    }
+    texts |= {f"sbatch_extra[{i}]": line for i, line in enumerate(c.sbatch_extra)}
+    texts |= {f"setup[{i}]": line for i, line in enumerate(c.setup)}
+    for name, value in texts.items():
+        if value is not None:
+            p += control_problem(f"cluster.{name}", str(value))
+    for name, (pattern, allowed) in _TOKENS.items():
+        value = getattr(c, name)
+        if value is None or control_characters(value):  # reported above
+            continue
+        if not pattern.fullmatch(value):
+            p.append(
+                f"cluster.{name}={value}: not what Slurm accepts here; use {allowed}, "
+                "ASCII letters, digits, '_', '.' and '-'"
+            )
+    return p
+
+
+def run_dir_problems(run_dir: str, multirun: bool = False) -> list[str]:
+    """The run dir is written into the sbatch script (log paths, the srun line) and into
+    config.yaml: no control characters in it."""
+    return control_problem("hydra.sweep.dir" if multirun else "hydra.run.dir", run_dir)
+
+
+def check_run_dir(run_dir: str, multirun: bool = False) -> None:
+    """Raise ConfigError when `run_dir_problems` finds any (for the launcher)."""
+    if problems := run_dir_problems(run_dir, multirun):
+        raise ConfigError(problems)
+
+
 def slurm_problems(c: ClusterConfig) -> list[str]:
     """Checks of the sbatch-like fields; one line per problem (field, value, what is allowed)."""
-    p = []
-    if not _TIME.fullmatch(c.time):
+    p = script_text_problems(c)
+    bad = {line.split("=", 1)[0] for line in p}  # reported already: one line per problem
+    if "cluster.time" not in bad and not _TIME.fullmatch(c.time):
         p.append(
             f"cluster.time={c.time}: not an sbatch time; use M, H:M:S or D-H:M:S (e.g. 01:00:00)"
         )
-    if c.mem is not None and not _MEM.fullmatch(c.mem):
+    if c.mem is not None and "cluster.mem" not in bad and not _MEM.fullmatch(c.mem):
         p.append(f"cluster.mem={c.mem}: not an sbatch memory size; use e.g. 64G or 4000M")
     if c.cpus_per_task is not None and c.cpus_per_task < 1:
         p.append(f"cluster.cpus_per_task={c.cpus_per_task}: must be >= 1 (or null)")
-    if not re.fullmatch(r"(SIG)?[A-Z0-9]+", c.signal):
+    if "cluster.signal" not in bad and not re.fullmatch(r"(SIG)?[A-Z0-9]+", c.signal):
         p.append(f"cluster.signal={c.signal}: not a signal name; use e.g. USR2, USR1 or TERM")
-    if not re.fullmatch(r"[\w.-]+", c.job_name):
+    if "cluster.job_name" not in bad and not re.fullmatch(r"[\w.-]+", c.job_name, re.ASCII):
         p.append(f"cluster.job_name={c.job_name}: use letters, digits, '.', '_' and '-' only")
     if c.master_port is not None and not 1024 <= c.master_port <= 65535:
         p.append(f"cluster.master_port={c.master_port}: must be in 1024..65535 (or null)")
-    for line in c.sbatch_extra:
+    for i, line in enumerate(c.sbatch_extra):
         text = line.strip().removeprefix("#SBATCH").strip()
-        if not _SBATCH_OPTION.fullmatch(text):
+        if f"cluster.sbatch_extra[{i}]" not in bad and not _SBATCH_OPTION.fullmatch(text):
             p.append(
-                f"cluster.sbatch_extra: '{line}' is not an sbatch long option; "
+                f"cluster.sbatch_extra: '{shown(line)}' is not an sbatch long option; "
                 "use '--name=value' or '--flag'"
             )
     return p

@@ -17,7 +17,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from toolkit.config.errors import ConfigError
+from toolkit.config.errors import ConfigError, control_problem
 from toolkit.config.job import GROUPS, JobConfig
 from toolkit.config.store import register_configs
 
@@ -55,6 +55,9 @@ def open_dict_overrides(overrides: list[str]) -> list[str]:
 
 def compose_raw(overrides: list[str]) -> DictConfig:
     """Hydra composition with the hydra node kept (run/sweep dirs, runtime choices)."""
+    refused = override_problems(overrides)
+    if refused:
+        raise ConfigError(refused)
     overrides = open_dict_overrides(overrides)
     register_configs()
     setup_globals()
@@ -64,6 +67,17 @@ def compose_raw(overrides: list[str]) -> DictConfig:
             return compose(config_name="config", overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(explain(exc, overrides)) from None
+
+
+def override_problems(overrides: list[str]) -> list[str]:
+    """An override with a control character (a newline, CR, NUL, tab) is refused before Hydra
+    parses it: such values end up in generated scripts, and Hydra's own error would show the
+    raw characters across several lines."""
+    problems = []
+    for item in overrides:
+        name, _, value = item.lstrip("+~").partition("=")
+        problems += control_problem(name, value) or control_problem("override", name)
+    return problems
 
 
 def to_job(cfg: DictConfig) -> JobConfig:

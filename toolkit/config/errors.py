@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 
 class ConfigError(ValueError):
     """One or more problems with the user's configuration; each line names field, value and
@@ -28,4 +30,30 @@ def not_one_of(section: str, cfg: object, choices: dict[str, tuple[str, ...]]) -
         f"{section}.{name}={getattr(cfg, name)}: unknown; allowed: " + ", ".join(allowed)
         for name, allowed in choices.items()
         if getattr(cfg, name) not in allowed
+    ]
+
+
+def _is_control(ch: str) -> bool:
+    # Cc: C0 (newline, tab, NUL, ...), DEL and C1; Zl/Zp: the Unicode line/paragraph separators.
+    return unicodedata.category(ch) in ("Cc", "Zl", "Zp")
+
+
+def control_characters(text: str) -> list[str]:
+    """The control characters in `text`, each once, escaped: 'a\nb\tc' -> ['\\t', '\\n']."""
+    return [repr(ch)[1:-1] for ch in sorted({ch for ch in text if _is_control(ch)})]
+
+
+def shown(value: object) -> str:
+    """A value for a one-line message, its control characters escaped ('a\nb' stays one line)."""
+    return "".join(repr(ch)[1:-1] if _is_control(ch) else ch for ch in str(value))
+
+
+def control_problem(name: str, value: str) -> list[str]:
+    """'<name>=<value>: contains control character(s) ...' when `value` has any, else []."""
+    found = control_characters(value)
+    if not found:
+        return []
+    return [
+        f"{name}={shown(value)}: contains control character(s) {' '.join(found)}; values "
+        "written into generated scripts and files must be printable text on one line; remove them"
     ]

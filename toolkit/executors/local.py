@@ -17,6 +17,7 @@ from toolkit.config.shape import tasks_per_node
 from toolkit.distributed.env import free_port
 from toolkit.errors import USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root
+from toolkit.redact import redact
 
 POLL_S = 0.1
 
@@ -55,7 +56,8 @@ class LocalExecutor:
         for i, run in enumerate(runs):
             if len(runs) > 1:
                 print(
-                    f"[{i + 1}/{len(runs)}] {' '.join(run.overrides)} -> {run.run_dir}", flush=True
+                    f"[{i + 1}/{len(runs)}] {' '.join(redact(run.overrides))} -> {run.run_dir}",
+                    flush=True,
                 )
             if run.job.launch.dry_run:
                 print(self.describe(run))

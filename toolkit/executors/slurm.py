@@ -31,6 +31,7 @@ from toolkit.executors.slurm_jobs import (
     unreachable_reason,
 )
 from toolkit.executors.slurm_sbatch import Submission, log_path, plan
+from toolkit.redact import redact
 
 POLL_S = 0.5
 TAIL_LINES = 20
@@ -113,7 +114,9 @@ class SlurmExecutor:
 
 def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
     """Submit through submitit (one sbatch call); return the job ids ('120_0', ... for arrays)."""
-    submission.folder.mkdir(parents=True, exist_ok=True)
+    # The sbatch script holds the setup lines verbatim (Slurm executes them): user-only.
+    submission.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    submission.folder.chmod(0o700)
     if len(runs) > 1:
         links = submission.folder / "runs"
         links.mkdir(exist_ok=True)
@@ -152,7 +155,7 @@ def describe(submission: Submission, runs: list[PreparedRun], job_ids: list[str]
     array_id = job_ids[0].split("_")[0]
     print(f"submitted Slurm job array {array_id}: {len(runs)} elements ({shape} each)")
     for run, job_id in zip(runs, job_ids, strict=True):
-        print(f"  {job_id}: {' '.join(run.overrides)} -> {run.run_dir}")
+        print(f"  {job_id}: {' '.join(redact(run.overrides))} -> {run.run_dir}")
     print(f"  logs: {submission.folder}/<job>_<rank>_log.out|err", flush=True)
 
 
@@ -259,7 +262,7 @@ def follow_array(folder: Path, job_ids: list[str], runs: list[PreparedRun]) -> i
         state = states[job_id]
         code = state.exit_status()
         outcome = "ok" if code == 0 else f"{state.state} (exit {code})"
-        print(f"  [{index}] {job_id} {outcome}: {' '.join(run.overrides)} -> {run.run_dir}")
+        print(f"  [{index}] {job_id} {outcome}: {' '.join(redact(run.overrides))} -> {run.run_dir}")
         worst = max(worst, code)
     for run, job_id in zip(runs, job_ids, strict=True):
         if states[job_id].exit_status():

@@ -16,6 +16,7 @@ from toolkit.nccl.detect import Decision, plan
 from toolkit.nccl.env import Setting, apply, describe, effective_env, resolve
 from toolkit.nccl.known import unknown_names
 from toolkit.nccl.sysfs import scan
+from toolkit.redact import redact, redact_text
 
 log = logging.getLogger("toolkit.nccl")
 
@@ -64,7 +65,7 @@ def configure(
             log.info("nccl decision: %s", decision.line())
         for setting in settings.values():
             if setting.source != "detected":
-                log.info("nccl: %s", describe(setting))
+                log.info("nccl: %s", redact_text(describe(setting)))
         record = {
             "node_rank": env.node_rank,
             "hostname": host,
@@ -72,7 +73,7 @@ def configure(
             "fabric": fabric,
             "decisions": [d.line() for d in decisions],
             "sources": {name: s.source for name, s in settings.items()},
-            "env": effective_env(target),
+            "env": redact(effective_env(target)),
         }
         path = run_dir / f"nccl-env-node{env.node_rank}.json"
         path.write_text(json.dumps(record, indent=2) + "\n")

@@ -46,9 +46,12 @@ def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list
     from toolkit.checkpoint.state import ConfigRecord
     from toolkit.config.compose import job_to_dict
     from toolkit.executors.preemption import PreemptionHook, RequeuePolicy, slurm_job_id
+    from toolkit.redact import redact
 
     checkpoint = CheckpointHook(
-        job.checkpoint, run_dir, ConfigRecord.of(job_to_dict(job)), sink, job.fault
+        job.checkpoint,
+        run_dir,
+        ConfigRecord.of(redact(job_to_dict(job))),  # each checkpoint's config.json, sink, job.fault
     )
     policy = RequeuePolicy(
         signal_name=job.cluster.signal,

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.config.telemetry import TelemetryConfig
+from toolkit.redact import redact, redact_text
 from toolkit.telemetry.h5store import NodeFileWriter
 from toolkit.telemetry.schema import (
     EVENT_ATTRS_BYTES,
@@ -140,9 +141,9 @@ class Agent:
             "created_unix_s": time.time(),
             "interval_s": self.cfg.interval_s,
             "flush_interval_s": self.cfg.flush_interval_s,
-            "nccl_env": spec.nccl_env,
-            "config_yaml": config_path.read_text() if config_path.exists() else "",
-            "telemetry_config": dataclasses.asdict(spec.config),
+            "nccl_env": redact(spec.nccl_env),
+            "config_yaml": redact_text(config_path.read_text()) if config_path.exists() else "",
+            "telemetry_config": redact(dataclasses.asdict(spec.config)),
             "python_version": sys.version.split()[0],
         }
         for key in ("torch", "cuda", "nccl"):

@@ -1,0 +1,86 @@
+"""Secrets given to a run (environment variables, setup lines, passwords in URLs) do not
+reach what the run records about itself: env.json, launch.yaml, checkpoint config.json,
+telemetry HDF5 attributes, NCCL records and logs. The one file that keeps them is
+config.yaml, which every rank reads back to run the job; it is private to the user."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import launch
+from toolkit.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
+
+SECRETS = ("sekrit123", "sekrit000", "sekrit456", "sekrit789")
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["MY_API_TOKEN", "DB_PASSWD", "GH_PAT", "REGISTRY_AUTH", "AWS_SECRET_ACCESS_KEY", "APIKEY"],
+)
+def test_secret_names(name):
+    assert is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["PATH", "PYTHONPATH", "SSH_AUTH_SOCK", "tokens_per_s", "AUTHOR"])
+def test_names_that_only_look_alike_are_kept(name):
+    assert not is_secret_name(name)
+
+
+def test_a_password_in_a_url_is_redacted_and_the_rest_kept():
+    assert redact_text("git clone https://u:sekrit789@host/x") == "git clone https://u:***@host/x"
+    assert redact_text("ssh://git@github.com/a.git") == "ssh://git@github.com/a.git"
+
+
+def test_secret_assignments_in_shell_lines_overrides_and_yaml_lose_their_value():
+    assert redact_text("export HF_TOKEN=sekrit456 && run") == f"export HF_TOKEN={REDACTED} && run"
+    assert redact_text('+nccl.env.MY_TOKEN="a b"') == f"+nccl.env.MY_TOKEN={REDACTED}"
+    assert (
+        redact_text("  DB_PASSWD: sekrit000\n  other: x") == f"  DB_PASSWD: {REDACTED}\n  other: x"
+    )
+
+
+def test_structures_are_redacted_by_key_and_by_value():
+    config = {"env": {"MY_API_TOKEN": "x", "NCCL_X": "https://u:p@h"}, "setup": ["export A_KEY=1"]}
+    assert redact(config) == {
+        "env": {"MY_API_TOKEN": REDACTED, "NCCL_X": "https://u:***@h"},
+        "setup": [f"export A_KEY={REDACTED}"],
+    }
+    assert redact_env({"B_PAT": "x", "A": "y"}) == {"A": "y", "B_PAT": REDACTED}
+
+
+def files_holding(run_dir: Path, secret: str) -> list[str]:
+    """`grep -rl SECRET RUN_DIR` (binary files such as HDF5 included)."""
+    found = subprocess.run(["grep", "-rl", secret, str(run_dir)], capture_output=True, text=True)
+    return sorted(str(Path(p).relative_to(run_dir)) for p in found.stdout.split())
+
+
+@pytest.mark.timeout(300)
+def test_a_run_records_no_secret_outside_its_private_config(tiny, tmp_path):
+    run_dir = tmp_path / "run"
+    result = launch(
+        *tiny,
+        "checkpoint=periodic",
+        "checkpoint.interval_steps=4",
+        "cluster.setup=['export HF_TOKEN=sekrit456']",
+        "nccl.env.NCCL_NET_PLUGIN='https://u:sekrit789@host/x'",
+        f"hydra.run.dir={run_dir}",
+        env={"MY_API_TOKEN": "sekrit123", "DB_PASSWD": "sekrit000"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = {p.name for p in run_dir.rglob("*")}
+    assert {"env.json", "launch.yaml", "config.json"} <= recorded
+    assert any(name.endswith(".h5") for name in recorded), "telemetry is on by default"
+    assert files_holding(run_dir, "sekrit123") == []  # environment
+    assert files_holding(run_dir, "sekrit000") == []
+    # The job runs with these values: only config.yaml, which the ranks read back, keeps them.
+    assert files_holding(run_dir, "sekrit456") == ["config.yaml"]
+    assert files_holding(run_dir, "sekrit789") == ["config.yaml"]
+    for secret in SECRETS:
+        assert secret not in result.stdout + result.stderr
+    assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(run_dir / "config.yaml").st_mode) == 0o600

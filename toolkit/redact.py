@@ -1,0 +1,70 @@
+"""One redaction for everything a run records about its config, environment and command line.
+
+A name is secret when one of its `_`/`.`/`-` separated parts ends in KEY, TOKEN, SECRET,
+PASSWORD, PASSWD or CREDENTIAL(S) (`MY_API_TOKEN`, `AWS_SECRET_ACCESS_KEY`, `APIKEY`), or
+its last part is PAT or AUTH (`GH_PAT`, `REGISTRY_AUTH`); `tokens_per_s` or `SSH_AUTH_SOCK`
+are not. Values named so are replaced by REDACTED; in any other text, `NAME=value` and
+`NAME: value` with a secret NAME lose their value, and a URL's password its password
+(`https://u:pw@host` -> `https://u:***@host`).
+
+What is not redacted, on purpose: RUN_DIR/config.yaml, which every rank reads back to run
+the job (it must hold the values the job uses), and the setup lines of the sbatch script,
+which Slurm executes. Both are readable by the job's user only (docs/slurm.md, "Secrets").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+REDACTED = "<redacted>"
+_SECRET_PART = re.compile(r".*(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)", re.IGNORECASE)
+_SECRET_LAST_PART = re.compile(r"PAT|AUTH", re.IGNORECASE)
+# scheme://user:password@ -> the password; user names and hosts stay readable.
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*):([^/\s@'\"]*)@")
+# NAME=value or NAME: value (shell, env files, YAML, JSON, Hydra overrides like +x.MY_KEY=v).
+_ASSIGNMENT = re.compile(
+    r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]*)(?P<sep>[\"']?\s*[:=]\s*)"
+    r"(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s,'\"}\]]+)"
+)
+
+
+def is_secret_name(name: str) -> bool:
+    parts = [p for p in re.split(r"[_.\-]", name) if p]
+    if not parts:
+        return False
+    return any(_SECRET_PART.fullmatch(p) for p in parts) or bool(
+        _SECRET_LAST_PART.fullmatch(parts[-1])
+    )
+
+
+def redact_text(text: str) -> str:
+    """Free text (a command line, a shell line, YAML): secret assignments and URL passwords."""
+
+    def assignment(m: re.Match[str]) -> str:
+        if not is_secret_name(m["name"]) or m["value"] == REDACTED:
+            return m[0]
+        return f"{m['name']}{m['sep']}{REDACTED}"
+
+    text = _URL_PASSWORD.sub(r"\1:***@", text)
+    return _ASSIGNMENT.sub(assignment, text)
+
+
+def redact(value: Any) -> Any:
+    """A copy of a config or environment structure (dicts, lists, strings) with every value
+    under a secret name replaced by REDACTED and every string passed through `redact_text`."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if isinstance(k, str) and is_secret_name(k) and v else redact(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+def redact_env(environ: dict[str, str]) -> dict[str, str]:
+    """An environment for a record: sorted, secret names' values and URL passwords redacted."""
+    return redact(dict(sorted(environ.items())))
