@@ -70,6 +70,26 @@ def job_state(cluster, job_id: str) -> str:
     return out.splitlines()[-1] if out else ""
 
 
+def submit_and_signal_while_held(cluster, run_dir: Path, *overrides: str) -> str:
+    """Submit the job detached; while it is held at its step-5 save, send USR2 as its time
+    limit would. Returns the job id."""
+    done = launch(
+        cluster,
+        run_dir,
+        "cluster=slurm",
+        "cluster.time=00:10:00",
+        "launch.detach=true",
+        *overrides,
+        *HOLD,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
+    wait_for(lambda: (run_dir / "checkpoints" / "step-00000005.tmp").is_dir(), 180, "a save")
+    signalled = cluster.run("scancel", "--signal=USR2", job_id)
+    assert signalled.returncode == 0, signalled.stderr
+    return job_id
+
+
 @pytest.fixture(scope="module")
 def expected(slurm_cluster, tmp_path_factory) -> dict[int, float]:
     """Per-step losses of the same job run on the cluster without interruption."""
@@ -83,21 +103,7 @@ def expected(slurm_cluster, tmp_path_factory) -> dict[int, float]:
 
 def test_usr2_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, tmp_path, expected):
     run_dir = tmp_path / "preempted"
-    done = launch(
-        slurm_cluster,
-        run_dir,
-        "cluster=slurm",
-        "cluster.time=00:10:00",
-        "launch.detach=true",
-        *HOLD,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    job_id = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
-
-    # While the job is held at its step-5 save, signal it as its time limit would.
-    wait_for(lambda: (run_dir / "checkpoints" / "step-00000005.tmp").is_dir(), 180, "a save")
-    signalled = slurm_cluster.run("scancel", "--signal=USR2", job_id)
-    assert signalled.returncode == 0, signalled.stderr
+    job_id = submit_and_signal_while_held(slurm_cluster, run_dir)
 
     wait_for(lambda: events(run_dir, "preemption"), 120, "the preemption checkpoint")
     preemption = events(run_dir, "preemption")[0]
@@ -150,19 +156,9 @@ def test_a_preempted_job_whose_save_failed_is_not_requeued_to_start_over(slurm_c
     """Every save fails (a full disk): after the preemption save and its retry fail, with no
     older checkpoint, a requeue would restart from step 0; the job stops instead and says so."""
     run_dir = tmp_path / "full"
-    done = launch(
-        slurm_cluster,
-        run_dir,
-        "cluster=slurm",
-        "cluster.time=00:10:00",
-        "launch.detach=true",
-        "fault.save_enospc_after_bytes=1000",
-        *HOLD,
+    job_id = submit_and_signal_while_held(
+        slurm_cluster, run_dir, "fault.save_enospc_after_bytes=1000"
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    job_id = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
-    wait_for(lambda: (run_dir / "checkpoints" / "step-00000005.tmp").is_dir(), 180, "a save")
-    assert slurm_cluster.run("scancel", "--signal=USR2", job_id).returncode == 0
 
     wait_for(lambda: events(run_dir, "preemption"), 120, "the preemption event")
     attrs = events(run_dir, "preemption")[0]["attrs"]

@@ -57,7 +57,7 @@ class MemoryProbe(Hook):
 
 
 def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> dict[str, Any]:
-    from toolkit.tasks.train import build_trainer, print_summary
+    from toolkit.tasks.train import build_trainer, fit_and_report
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -66,12 +66,4 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> di
     trainer.hooks.append(
         MemoryProbe(run_dir / "bench" / f"memory-rank{env.rank}.json", device, before)
     )
-    try:
-        summary = trainer.fit()
-    finally:
-        trainer.sink.close()
-    summary["run_dir"] = str(run_dir)
-    if env.is_rank0:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print_summary(summary)
-    return summary
+    return fit_and_report(trainer, env, run_dir)

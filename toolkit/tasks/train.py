@@ -125,7 +125,11 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
 
 
 def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> dict[str, Any]:
-    trainer = build_trainer(job, env, run_dir, device)
+    return fit_and_report(build_trainer(job, env, run_dir, device), env, run_dir)
+
+
+def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, Any]:
+    """Train, close the sinks, and on rank 0 write summary.json and print the summary."""
     try:
         summary = trainer.fit()
     finally:
