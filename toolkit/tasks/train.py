@@ -48,11 +48,8 @@ def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list
     from toolkit.executors.preemption import PreemptionHook, RequeuePolicy, slurm_job_id
     from toolkit.redact import redact
 
-    checkpoint = CheckpointHook(
-        job.checkpoint,
-        run_dir,
-        ConfigRecord.of(redact(job_to_dict(job))),  # each checkpoint's config.json, sink, job.fault
-    )
+    config = ConfigRecord.of(redact(job_to_dict(job)))  # each checkpoint's config.json
+    checkpoint = CheckpointHook(job.checkpoint, run_dir, config, sink, job.fault)
     policy = RequeuePolicy(
         signal_name=job.cluster.signal,
         signal_lead_s=job.cluster.signal_lead_s,
