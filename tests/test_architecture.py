@@ -42,11 +42,12 @@ def test_training_is_imported_by_neither_checkpointing_nor_telemetry(imports):
 
 
 def test_the_contracts_sit_at_the_bottom(imports):
-    """Step records, events, sinks and the hook contract depend on nothing of the toolkit
-    but each other."""
+    """Step records, events, sinks, exit statuses and the hook contract depend on nothing of
+    the toolkit but each other."""
     edges = imports.graph()
     assert edges["events"] == set()
-    assert edges["hooks"] <= {"events"}
+    assert edges["errors"] == set()
+    assert edges["hooks"] <= {"events", "errors"}
 
 
 def test_a_cycle_is_found_when_there_is_one(imports):
