@@ -54,16 +54,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m toolkit.launch", usage=USAGE, add_help=False)
-    parser.add_argument("-h", "--help", nargs="?", const="", default=None, metavar="GROUP")
-    parser.add_argument("-m", "--multirun", action="store_true")
-    parser.add_argument("-cd", "--config-dir", action="append", default=[], metavar="DIR")
-    parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None)
+    parser.add_argument(
+        "-h",
+        "--help",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="GROUP",
+        help="groups, options, fields",
+    )
+    parser.add_argument("-m", "--multirun", action="store_true", help="sweep: one run each")
+    parser.add_argument(
+        "-cd", "--config-dir", action="append", default=[], metavar="DIR", help="own configs"
+    )
+    parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None, help="print it")
     parser.add_argument("--package", "-p", default=None, help="with --cfg: print one subtree")
     parser.add_argument("--resolve", action="store_true", help="with --cfg: resolve ${...}")
-    parser.add_argument("--info", "-i", nargs="?", const="all", default=None)
-    parser.add_argument("--shell-completion", "-sc", action="store_true")
-    parser.add_argument("--hydra-help", action="store_true")
-    parser.add_argument("--compose", action="store_true")
+    parser.add_argument("--info", "-i", nargs="?", const="all", default=None, help="Hydra info")
+    parser.add_argument("--shell-completion", "-sc", action="store_true", help="install=bash")
+    parser.add_argument("--hydra-help", action="store_true", help="Hydra's help")
+    parser.add_argument("--compose", action="store_true", help="in a batch script")
     parser.add_argument("overrides", nargs="*", help="group=option or key=value")
     return parser
 
@@ -143,7 +153,7 @@ def print_cfg(args: argparse.Namespace, runs: list[PreparedRun], cfgs: list) -> 
             tree = selected
         if args.resolve:
             OmegaConf.resolve(tree)
-        if args.cfg in ("job", "all"):
+        if args.cfg in ("job", "all") and args.package in (None, "_global_"):
             for group, path in sources.sources_of(choices_of(cfg), dirs).items():
                 print(f"# {group}: {path}")
         print(OmegaConf.to_yaml(tree))
