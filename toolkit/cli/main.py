@@ -56,8 +56,12 @@ def run_bench(argv: list[str]) -> int:
 def run_cluster(argv: list[str]) -> int:
     """`toolkit cluster up|down|status|env`: scripts/dev-cluster (a checkout's script)."""
     if not argv or argv[0] not in ("up", "down", "status", "env"):
-        print("usage: toolkit cluster up|down|status|env [--purge]", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        asked = bool(argv) and argv[0] in ("-h", "--help")
+        print(
+            "usage: toolkit cluster up|down|status|env [--purge]",
+            file=sys.stdout if asked else sys.stderr,
+        )
+        return 0 if asked else 2
     if not DEV_CLUSTER.is_file():
         print(
             f"error: {DEV_CLUSTER}: the dev cluster script comes with a checkout", file=sys.stderr
