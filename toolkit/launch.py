@@ -1,4 +1,5 @@
-"""`python -m toolkit.launch [-m] [--cfg job] [OVERRIDE ...]`: compose, validate, prepare the
+"""`python -m toolkit.launch [-m] [-cd DIR] [--cfg job] [OVERRIDE ...]` (also `toolkit launch`):
+compose, validate, prepare the
 run directories, pick the executor, submit, follow. `--compose` is the batch-script side:
 prepare the run dir for the allocation the script runs in and print its path.
 
@@ -14,13 +15,17 @@ import argparse
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from toolkit.config import hydra_tools, sources
 from toolkit.config.cluster import check_run_dir
-from toolkit.config.compose import compose_raw, job_to_dict, to_job
+from toolkit.config.compose import compose_raw, job_to_dict, open_dict_overrides, to_job
 from toolkit.config.errors import ConfigError
+from toolkit.config.help import group_help, help_topics, launch_help
+from toolkit.config.hydra_tools import INFO_CHOICES
 from toolkit.config.validate import RuntimeCheck, validate
 from toolkit.executors import PreparedRun, get_executor
 from toolkit.nccl.checks import check_job as nccl_problems
@@ -31,25 +36,48 @@ from toolkit.tasks import task_problems
 # config groups' own problems().
 RUNTIME_CHECKS: list[RuntimeCheck] = [task_problems, nccl_problems]
 
-USAGE = """python -m toolkit.launch [-m] [--cfg job] [OVERRIDE ...]
-       python -m toolkit.launch --compose [OVERRIDE ...]   (inside a batch script)
-
-  OVERRIDE   Hydra override: group=option (model=gpt_125m), key=value (trainer.steps=50),
-             +key=value to add, hydra.run.dir=PATH for the run directory.
-  -m         multirun: comma-separated values sweep (model=gpt_tiny,gpt_small).
-  --cfg job  print the resolved job config and exit.
-  --compose  in an sbatch script (jobs/train.sbatch): prepare the run dir for this
-             allocation (a requeued job gets its own back), print its path.
-"""
+USAGE = (
+    "python -m toolkit.launch [-m] [-cd DIR] [--cfg job|hydra|all] [--help [GROUP]] [OVERRIDE ...]"
+)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.launch", usage=USAGE, add_help=True)
-    parser.add_argument("-m", "--multirun", action="store_true")
-    parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None)
-    parser.add_argument("--compose", action="store_true")
-    parser.add_argument("overrides", nargs="*")
-    return parser.parse_intermixed_args(argv)
+    parser = build_parser()
+    args = parser.parse_intermixed_args(argv)
+    # `--help`/`--info` take an optional word; one that is not theirs is an override.
+    if args.help not in (None, "", *help_topics()):
+        args.overrides.insert(0, args.help)
+        args.help = ""
+    if args.info is not None and args.info not in INFO_CHOICES:
+        args.overrides.insert(0, args.info)
+        args.info = "all"
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.launch", usage=USAGE, add_help=False)
+    parser.add_argument(
+        "-h",
+        "--help",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="GROUP",
+        help="groups, options, fields",
+    )
+    parser.add_argument("-m", "--multirun", action="store_true", help="sweep: one run each")
+    parser.add_argument(
+        "-cd", "--config-dir", action="append", default=[], metavar="DIR", help="own configs"
+    )
+    parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None, help="print it")
+    parser.add_argument("--package", "-p", default=None, help="with --cfg: print one subtree")
+    parser.add_argument("--resolve", action="store_true", help="with --cfg: resolve ${...}")
+    parser.add_argument("--info", "-i", nargs="?", const="all", default=None, help="Hydra info")
+    parser.add_argument("--shell-completion", "-sc", action="store_true", help="install=bash")
+    parser.add_argument("--hydra-help", action="store_true", help="Hydra's help")
+    parser.add_argument("--compose", action="store_true", help="in a batch script")
+    parser.add_argument("overrides", nargs="*", help="group=option or key=value")
+    return parser
 
 
 def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
@@ -66,12 +94,14 @@ def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
     return [combo for batch in batches for combo in batch]
 
 
-def prepare(overrides_list: list[list[str]], multirun: bool) -> tuple[list[PreparedRun], list]:
+def prepare(
+    overrides_list: list[list[str]], multirun: bool, config_dirs: Sequence[str] = ()
+) -> tuple[list[PreparedRun], list]:
     runs: list[PreparedRun] = []
     cfgs = []
     sweep_dir: Path | None = None
     for index, overrides in enumerate(overrides_list):
-        cfg = compose_raw(overrides)
+        cfg = compose_raw(overrides, config_dirs)
         job = to_job(cfg)
         if multirun:
             if sweep_dir is None:
@@ -87,16 +117,22 @@ def prepare(overrides_list: list[list[str]], multirun: bool) -> tuple[list[Prepa
     return runs, cfgs
 
 
-def write_run_dir(run: PreparedRun, choices: dict) -> None:
+def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = ()) -> None:
     """config.yaml is what every rank reads back and runs: it keeps every value, secrets
     included, and is private to the user (the run dir 0700, the file 0600). launch.yaml
-    records the command line, redacted."""
+    records the command line (redacted) and the file each option came from."""
     run.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     run.run_dir.chmod(0o700)
     config = OmegaConf.create(job_to_dict(run.job))
     _save_private(OmegaConf.to_yaml(config), run.run_dir / "config.yaml")
-    record = OmegaConf.create({"overrides": redact(run.overrides), "choices": choices})
-    _save_private(OmegaConf.to_yaml(record), run.run_dir / "launch.yaml")
+    dirs = sources.search_dirs(config_dirs)
+    record = {
+        "overrides": redact(run.overrides),
+        "choices": choices,
+        "sources": sources.sources_of(choices, dirs),
+        "config_dirs": [str(d.path) for d in dirs],
+    }
+    _save_private(OmegaConf.to_yaml(OmegaConf.create(record)), run.run_dir / "launch.yaml")
 
 
 def _save_private(text: str, path: Path) -> None:
@@ -106,7 +142,43 @@ def _save_private(text: str, path: Path) -> None:
         f.write(text)
 
 
-def prepare_in_allocation(overrides: list[str], environ: dict[str, str]) -> Path:
+def choices_of(cfg) -> dict:
+    """group -> chosen option, as Hydra recorded it."""
+    return OmegaConf.to_container(cfg.hydra.runtime.choices) if "runtime" in cfg.hydra else {}
+
+
+def print_cfg(args: argparse.Namespace, runs: list[PreparedRun], cfgs: list) -> int:
+    """`--cfg job|hydra|all [--package KEY] [--resolve]`, as Hydra prints them; the job part is
+    the validated, typed job (always resolved), headed by the file each option came from."""
+    dirs = sources.search_dirs(args.config_dir)
+    for run, cfg in zip(runs, cfgs, strict=True):
+        tree = OmegaConf.create({})
+        if args.cfg in ("hydra", "all"):
+            tree.hydra = cfg.hydra
+        if args.cfg in ("job", "all"):
+            tree = OmegaConf.merge(OmegaConf.create(job_to_dict(run.job)), tree)
+        if args.package not in (None, "_global_"):
+            selected = OmegaConf.select(tree, args.package)
+            if selected is None:
+                print(f"error: --package {args.package}: not found in the config", file=sys.stderr)
+                return 2
+            if not OmegaConf.is_config(selected):
+                print(selected)
+                continue
+            print(f"# @package {args.package}")
+            tree = selected
+        if args.resolve:
+            OmegaConf.resolve(tree)
+        if args.cfg in ("job", "all") and args.package in (None, "_global_"):
+            for group, path in sources.sources_of(choices_of(cfg), dirs).items():
+                print(f"# {group}: {path}")
+        print(OmegaConf.to_yaml(tree))
+    return 0
+
+
+def prepare_in_allocation(
+    overrides: list[str], environ: dict[str, str], config_dirs: Sequence[str] = ()
+) -> Path:
     """Inside a Slurm batch script (jobs/train.sbatch): compose the job for the allocation it
     runs in, prepare its run dir once and return it; a requeued job gets its own back.
 
@@ -127,20 +199,19 @@ def prepare_in_allocation(overrides: list[str], environ: dict[str, str]) -> Path
     all_overrides = shape[:1] + all_overrides + shape[1:]
     if not user_dir:
         all_overrides.append(f"hydra.run.dir={default_dir}")
-    runs, cfgs = prepare([all_overrides], multirun=False)
+    runs, cfgs = prepare([all_overrides], multirun=False, config_dirs=config_dirs)
     run = runs[0]
     if (run.run_dir / "config.yaml").exists():
         return run.run_dir  # requeued: keep the config (and checkpoints) of the first start
-    choices = OmegaConf.to_container(cfgs[0].hydra.runtime.choices)
-    write_run_dir(run, choices)
+    write_run_dir(run, choices_of(cfgs[0]), config_dirs)
     prepare_data(run.job.data, run.job.model.num_series)
     return run.run_dir
 
 
-def compose_in_allocation(overrides: list[str]) -> int:
+def compose_in_allocation(overrides: list[str], config_dirs: Sequence[str] = ()) -> int:
     """`--compose OVERRIDE...`: in a batch script, prepare the run dir and print its path."""
     try:
-        run_dir = prepare_in_allocation(overrides, dict(os.environ))
+        run_dir = prepare_in_allocation(overrides, dict(os.environ), config_dirs)
     except ConfigError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
@@ -151,12 +222,22 @@ def compose_in_allocation(overrides: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        done = informational(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        for line in getattr(exc, "problems", [str(exc)]):
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    if done is not None:
+        return done
     if args.compose:
-        return compose_in_allocation(args.overrides)
+        return compose_in_allocation(args.overrides, args.config_dir)
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            runs, cfgs = prepare(expand(args.overrides, args.multirun), args.multirun)
+            runs, cfgs = prepare(
+                expand(args.overrides, args.multirun), args.multirun, args.config_dir
+            )
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
     except ConfigError as exc:
@@ -164,21 +245,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 2
     if args.cfg:
-        for run, cfg in zip(runs, cfgs, strict=True):
-            if args.cfg in ("hydra", "all"):
-                print(OmegaConf.to_yaml(cfg.hydra))
-            if args.cfg in ("job", "all"):
-                print(OmegaConf.to_yaml(OmegaConf.create(job_to_dict(run.job))))
-        return 0
+        return print_cfg(args, runs, cfgs)
 
     from toolkit.train.data_files import prepare as prepare_data
 
     for run, cfg in zip(runs, cfgs, strict=True):
-        choices = (
-            OmegaConf.to_container(cfg.hydra.runtime.choices) if "runtime" in cfg.hydra else {}
-        )
         if not run.job.launch.dry_run:
-            write_run_dir(run, choices)
+            write_run_dir(run, choices_of(cfg), args.config_dir)
             prepare_data(run.job.data, run.job.model.num_series)  # once, before any rank starts
     kinds = {run.job.cluster.kind for run in runs}
     if len(kinds) != 1:
@@ -192,6 +265,27 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
         return 2
+
+
+def informational(args: argparse.Namespace) -> int | None:
+    """--help [GROUP], --hydra-help, --info, --shell-completion: print, and return 0; None
+    when the command is none of them."""
+    if args.help is not None:
+        dirs = sources.search_dirs(args.config_dir)
+        print(group_help(args.help, dirs) if args.help else launch_help(dirs), end="")
+        return 0
+    if args.hydra_help:
+        hydra_tools.hydra_help(build_parser(), args.overrides)
+        return 0
+    if args.info is not None:
+        hydra_tools.show_info(args.info, open_dict_overrides(args.overrides), args.config_dir)
+        return 0
+    if args.shell_completion:
+        hydra_tools.shell_completion(args.overrides, args.config_dir)
+        return 0
+    if args.resolve and args.cfg is None:
+        raise ConfigError("--resolve: only with --cfg (as in Hydra)")
+    return None
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ _TOKENS = {
     "constraint": (_CONSTRAINT, "node features joined by & | or ',' (e.g. a100&ib)"),
     "exclude": (_HOSTLIST, "a host list (e.g. node[01-04],gpu3)"),
 }
+_SRUN_OPTION = re.compile(r"--[a-z][a-z0-9-]*(=[^\s\x00-\x1f\x7f]+)?")
 
 
 @dataclass
@@ -59,6 +60,9 @@ class ClusterConfig:
     # Extra sbatch options, e.g. "--reservation=x" or "--mail-type=END" ("#SBATCH " optional).
     sbatch_extra: list[str] = field(default_factory=list)
     setup: list[str] = field(default_factory=list)  # shell lines run before srun (module load, ...)
+    # Extra srun options for every task, e.g. Pyxis "--container-image=nvcr.io#nvidia/pytorch:24.05-py3"
+    # and "--container-mounts=/data:/data" (long options only; no spaces or control characters).
+    srun_extra: list[str] = field(default_factory=list)
     array_parallelism: int = 8  # cap on concurrently running array elements (multirun)
     master_port: int | None = None  # None: a free port locally, derived from the job id on Slurm
     python: str | None = None  # interpreter on the nodes; None: the launcher's own (sys.executable)
@@ -139,6 +143,12 @@ def slurm_problems(c: ClusterConfig) -> list[str]:
             p.append(
                 f"cluster.sbatch_extra: '{shown(line)}' is not an sbatch long option; "
                 "use '--name=value' or '--flag'"
+            )
+    for option in c.srun_extra:
+        if not _SRUN_OPTION.fullmatch(option):
+            p.append(
+                f"cluster.srun_extra: {option!r} is not an srun long option; use '--name=value' "
+                "or '--flag' (no spaces or control characters)"
             )
     return p
 

@@ -7,31 +7,31 @@ import dataclasses
 import os
 import re
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from hydra.core.utils import setup_globals
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from toolkit.config import sources
 from toolkit.config.errors import ConfigError, control_problem
 from toolkit.config.job import GROUPS, JobConfig
 from toolkit.config.store import register_configs
 
 
 def conf_dir() -> Path:
-    """The YAML tree: $TOOLKIT_CONF_DIR, else conf/ beside the toolkit package."""
-    override = os.environ.get("TOOLKIT_CONF_DIR")
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "conf"
+    """The package's YAML tree: $TOOLKIT_CONF_DIR, else conf/ beside the toolkit package."""
+    return sources.package_conf_dir()
 
 
-def group_options(group: str) -> list[str]:
-    """The selectable options of a config group (YAML files, schemas excluded)."""
-    folder = conf_dir() / group
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+def group_options(group: str, config_dirs: Sequence[str | os.PathLike] = ()) -> list[str]:
+    """The selectable options of a config group in every searched directory (toolkit.config.
+    sources), YAML files only, schemas excluded."""
+    return list(sources.group_options(group, sources.search_dirs(config_dirs)))
 
 
 def dict_field_prefixes() -> tuple[str, ...]:
@@ -53,20 +53,24 @@ def open_dict_overrides(overrides: list[str]) -> list[str]:
     return [f"++{item}" if item.startswith(prefixes + fields) else item for item in overrides]
 
 
-def compose_raw(overrides: list[str]) -> DictConfig:
-    """Hydra composition with the hydra node kept (run/sweep dirs, runtime choices)."""
+def compose_raw(overrides: list[str], config_dirs: Sequence[str | os.PathLike] = ()) -> DictConfig:
+    """Hydra composition with the hydra node kept (run/sweep dirs, runtime choices), from the
+    directories of toolkit.config.sources (`config_dirs`: the command line's --config-dir)."""
     refused = override_problems(overrides)
     if refused:
         raise ConfigError(refused)
     overrides = open_dict_overrides(overrides)
     register_configs()
     setup_globals()
-    GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        dirs = sources.search_dirs(config_dirs)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        with sources.hydra_search_path(dirs):
             return compose(config_name="config", overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(explain(exc, overrides)) from None
+        raise ConfigError(explain(exc, overrides, config_dirs)) from None
 
 
 def override_problems(overrides: list[str]) -> list[str]:
@@ -114,7 +118,9 @@ def _schema_fields(key: str) -> list[str] | None:
     return [f.name for f in dataclasses.fields(schema)]
 
 
-def explain(exc: BaseException, overrides: list[str]) -> str:
+def explain(
+    exc: BaseException, overrides: list[str], config_dirs: Sequence[str | os.PathLike] = ()
+) -> str:
     """One line: the field, the bad value, what is allowed."""
     if exc.__cause__ is not None and isinstance(exc.__cause__, OmegaConfBaseException):
         exc = exc.__cause__
@@ -126,7 +132,7 @@ def explain(exc: BaseException, overrides: list[str]) -> str:
         target = m.group(1) if m else ""
         group, _, option = target.rpartition("/")
         if group in GROUPS or group == "experiment":
-            allowed = ", ".join(group_options(group))
+            allowed = ", ".join(group_options(group, config_dirs))
             return f"{group}={option}: no such option in group '{group}'; allowed: {allowed}"
         return f"config error: {msg.splitlines()[0]}"
     full_key = _full_key(exc, msg)

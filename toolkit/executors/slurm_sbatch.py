@@ -87,7 +87,7 @@ def parameters(c: ClusterConfig, repo_root: Path) -> dict[str, Any]:
         "array_parallelism": c.array_parallelism,
         "wckey": None,  # submitit's default "submitit" fails where wckeys are enforced
         "setup": setup_lines(c, repo_root),
-        "srun_args": list(SRUN_ARGS),
+        "srun_args": [*SRUN_ARGS, *c.srun_extra],
         "additional_parameters": extra,
     }
 

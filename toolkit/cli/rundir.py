@@ -1,0 +1,162 @@
+"""What a run directory says about its run: state, progress, checkpoints, attempts, files.
+
+Read only from what the launcher and the ranks wrote (config.yaml, launch.yaml,
+summary.json, metrics/, logs/, checkpoints/, slurm.json); Slurm is asked only for the state
+of a job that has not ended by the files' account.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from toolkit.errors import EXIT_PREEMPTED
+
+STATES = ("running", "completed", "failed", "preempted", "requeued", "unknown")
+
+
+@dataclass
+class RunInfo:
+    run_dir: str
+    state: str  # one of STATES
+    steps: int | None = None  # last step recorded
+    total_steps: int | None = None
+    loss: float | None = None  # the final loss, else the last one recorded
+    tokens_per_s: float | None = None  # median over the run when it ended, else the last step
+    last_checkpoint: str | None = None  # the newest committed one
+    attempts: int = 1  # starts of the job: 1 + restarts (requeues, relaunches that resumed)
+    job_id: str | None = None
+    slurm_state: str | None = None
+    stop_reason: str | None = None
+    exit_code: int | None = None
+    overrides: list[str] = field(default_factory=list)  # the command line's, hydra.* left out
+    files: dict[str, str] = field(default_factory=dict)  # what -> path
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / "config.yaml").is_file() and (path / "launch.yaml").is_file()
+
+
+def _jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written
+    return out
+
+
+def _last_checkpoint(run_dir: Path) -> str | None:
+    folder = run_dir / "checkpoints"
+    committed = sorted(p for p in folder.glob("step-*") if (p / "manifest.json").is_file())
+    return str(committed[-1]) if committed else None
+
+
+def slurm_state(job_id: str) -> str | None:
+    """Slurm's state of a job (None when Slurm cannot be asked)."""
+    for cmd in (
+        ["squeue", "-h", "-j", job_id, "-o", "%T"],
+        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
+    ):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        words = done.stdout.split()
+        if done.returncode == 0 and words:
+            return words[0]
+    return None
+
+
+def _state(summary: dict | None, run_dir: Path, slurm: str | None, restarts: int) -> str:
+    if summary is not None:
+        if summary.get("exit_code") == EXIT_PREEMPTED or str(
+            summary.get("stop_reason", "")
+        ).startswith("signal"):
+            return "requeued" if slurm in ("PENDING", "RUNNING", "REQUEUED") else "preempted"
+        return "completed" if summary.get("exit_code") == 0 else "failed"
+    if any((run_dir / "logs").glob("error-rank*.txt")):
+        return "failed"
+    if slurm is not None:
+        if slurm in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING"):
+            return "requeued" if restarts and slurm != "RUNNING" else "running"
+        if slurm == "PREEMPTED":
+            return "preempted"
+        return "failed" if slurm != "COMPLETED" else "completed"
+    return "running" if (run_dir / "metrics").is_dir() else "unknown"
+
+
+def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
+    """Everything `toolkit status` and `toolkit runs` show about one run directory."""
+    run_dir = run_dir.resolve()
+    summary_path = run_dir / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    launch = OmegaConf.to_container(OmegaConf.load(run_dir / "launch.yaml"))
+    config = OmegaConf.load(run_dir / "config.yaml")
+    steps = _jsonl(run_dir / "metrics" / "rank0.jsonl")
+    events = _jsonl(run_dir / "metrics" / "events-rank0.jsonl")
+    restarts = sum(1 for e in events if e.get("name") == "restart")
+    job_id = None
+    slurm_record = run_dir / "slurm.json"
+    if slurm_record.is_file():
+        job_id = str(json.loads(slurm_record.read_text())["job_id"])
+    slurm = slurm_state(job_id) if job_id and ask_slurm and summary is None else None
+    info = RunInfo(
+        run_dir=str(run_dir),
+        state=_state(summary, run_dir, slurm, restarts),
+        total_steps=int(config.trainer.steps),
+        attempts=1 + restarts,
+        job_id=job_id,
+        slurm_state=slurm,
+        last_checkpoint=_last_checkpoint(run_dir),
+        overrides=[o for o in launch["overrides"] if not o.lstrip("+~").startswith("hydra.")],
+    )
+    if steps:
+        info.steps = int(steps[-1]["step"])
+        info.loss = steps[-1].get("loss")
+        info.tokens_per_s = steps[-1].get("tokens_per_s")
+    if summary is not None:
+        info.steps = summary.get("steps", info.steps)
+        info.loss = summary.get("final_loss", info.loss)
+        info.tokens_per_s = summary.get("median_tokens_per_s", info.tokens_per_s)
+        info.stop_reason = summary.get("stop_reason")
+        info.exit_code = summary.get("exit_code")
+    info.files = written_files(run_dir)
+    return info
+
+
+def written_files(run_dir: Path) -> dict[str, str]:
+    """The run's outputs that exist, by what they are."""
+    candidates = {
+        "config": "config.yaml",
+        "launch": "launch.yaml",
+        "summary": "summary.json",
+        "environment": "env.json",
+        "metrics": "metrics/rank0.jsonl",
+        "events": "metrics/events-rank0.jsonl",
+        "logs": "logs",
+        "checkpoints": "checkpoints",
+        "telemetry": "telemetry",
+        "slurm": "slurm",
+    }
+    return {
+        what: str(run_dir / rel) for what, rel in candidates.items() if (run_dir / rel).exists()
+    }
+
+
+def find_runs(root: Path) -> list[Path]:
+    """Every run directory under root (root itself included), sorted by path."""
+    if is_run_dir(root):
+        return [root]
+    found = {p.parent.resolve() for p in root.rglob("launch.yaml") if is_run_dir(p.parent)}
+    return sorted(found)

@@ -1,0 +1,90 @@
+"""`toolkit status [RUN_DIR|JOB_ID]` and `toolkit runs [DIR] [--json]`: where a run is, and
+every run under a directory."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from toolkit.cli.rundir import RunInfo, find_runs, is_run_dir, read_run
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def run_dir_of_job(job_id: str) -> Path | None:
+    """The run dir of a Slurm job: its stdout is RUN_DIR/slurm/<id>_<task>_log.out."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"StdOut=(\S+)", done.stdout)
+    return Path(m.group(1)).parent.parent if m else None
+
+
+def format_status(info: RunInfo) -> str:
+    lines = [
+        f"run dir     {info.run_dir}",
+        f"state       {info.state}"
+        + (
+            f" (Slurm job {info.job_id}: {info.slurm_state or 'unknown to Slurm now'})"
+            if info.job_id
+            else ""
+        ),
+        f"step        {info.steps if info.steps is not None else '-'} / {info.total_steps}",
+        f"loss        {_num(info.loss, '.4f')}",
+        f"tokens/s    {_num(info.tokens_per_s, ',.0f')}",
+        f"checkpoint  {info.last_checkpoint or '-'}",
+        f"attempts    {info.attempts} ({info.attempts - 1} restart(s) from a checkpoint)",
+    ]
+    if info.stop_reason is not None:
+        lines.append(f"stopped     {info.stop_reason} (exit {info.exit_code})")
+    lines.append("files")
+    lines += [f"  {what:<12}{path}" for what, path in info.files.items()]
+    return "\n".join(lines)
+
+
+def status(target: str, as_json: bool) -> int:
+    path = Path(target)
+    if not is_run_dir(path) and target.isdigit():
+        path = run_dir_of_job(target) or path
+    if not is_run_dir(path):
+        print(
+            f"error: {target}: not a run directory (config.yaml and launch.yaml) nor a known Slurm job"
+        )
+        return 2
+    info = read_run(path)
+    print(json.dumps(info.as_dict(), indent=2) if as_json else format_status(info))
+    return 0
+
+
+def format_runs(infos: list[RunInfo]) -> str:
+    header = f"{'state':<10} {'steps':>11} {'loss':>8} {'tokens/s':>10}  {'run dir':<40} overrides"
+    rows = [header]
+    for i in infos:
+        steps = f"{i.steps if i.steps is not None else '-'}/{i.total_steps}"
+        rows.append(
+            f"{i.state:<10} {steps:>11} {_num(i.loss, '.4f'):>8} {_num(i.tokens_per_s, ',.0f'):>10}"
+            f"  {i.run_dir:<40} {' '.join(i.overrides)}"
+        )
+    return "\n".join(rows)
+
+
+def runs(root: str, as_json: bool) -> int:
+    path = Path(root)
+    if not path.is_dir():
+        print(f"error: {root}: no such directory")
+        return 2
+    infos = [read_run(p) for p in find_runs(path)]
+    if as_json:
+        print(json.dumps([i.as_dict() for i in infos], indent=2))
+    elif not infos:
+        print(f"no run directories under {path}")
+    else:
+        print(format_runs(infos))
+    return 0
