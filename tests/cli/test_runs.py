@@ -77,6 +77,7 @@ def test_runs_lists_completed_failed_and_preempted(runs_root, preempted, tmp_pat
     assert "model=mini" in ok["overrides"] and not any(
         o.startswith("hydra.") for o in ok["overrides"]
     )
+    assert "data=text" not in ok["overrides"]  # what the defaults choose anyway
     assert "fault.fail_at_step=2" in by_name["failed"]["overrides"]
     assert by_name["preempted"]["last_checkpoint"].endswith(
         f"step-{by_name['preempted']['steps']:08d}"
@@ -112,3 +113,15 @@ def test_export_and_report_subcommands_on_a_real_run(runs_root, tmp_path):
     # telemetry=off: the report says so in one line and fails
     report = toolkit(tmp_path, "report", str(runs_root / "ok"))
     assert report.returncode != 0 and len(report.stderr.strip().splitlines()) <= 2
+
+
+def test_report_and_watch_subcommands_read_a_run_with_telemetry(tmp_path):
+    run_dir = tmp_path / "telemetry"
+    done = launch(run_dir, "trainer.steps=4")  # telemetry is on by default
+    assert done.returncode == 0, done.stderr
+    report = toolkit(tmp_path, "report", str(run_dir), "--no-sacct")
+    assert report.returncode == 0, report.stderr
+    assert (run_dir / "telemetry" / "report" / "report.html").is_file()
+    watch = toolkit(tmp_path, "watch", str(run_dir), "--once")
+    assert watch.returncode == 0, watch.stderr
+    assert "step" in watch.stdout

@@ -7,10 +7,12 @@ of a job that has not ended by the files' account.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -33,7 +35,9 @@ class RunInfo:
     slurm_state: str | None = None
     stop_reason: str | None = None
     exit_code: int | None = None
-    overrides: list[str] = field(default_factory=list)  # the command line's, hydra.* left out
+    # The command line's overrides that change something: hydra.* and those that set what the
+    # defaults set anyway are left out.
+    overrides: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # what -> path
 
     def as_dict(self) -> dict:
@@ -119,7 +123,7 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
         job_id=job_id,
         slurm_state=slurm,
         last_checkpoint=_last_checkpoint(run_dir),
-        overrides=[o for o in launch["overrides"] if not o.lstrip("+~").startswith("hydra.")],
+        overrides=differing_overrides(launch["overrides"], launch.get("choices") or {}, config),
     )
     if steps:
         info.steps = int(steps[-1]["step"])
@@ -133,6 +137,44 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
         info.exit_code = summary.get("exit_code")
     info.files = written_files(run_dir)
     return info
+
+
+@functools.cache
+def _defaults() -> tuple[dict, dict]:
+    """(default choice per group, the default job as a nested dict), composed once."""
+    from toolkit.config.compose import compose_raw, job_to_dict, to_job
+
+    cfg = compose_raw([])
+    return OmegaConf.to_container(cfg.hydra.runtime.choices), job_to_dict(to_job(cfg))
+
+
+def _value_at(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _MISSING
+        tree = tree[part]
+    return tree
+
+
+_MISSING = object()
+
+
+def differing_overrides(overrides: list[str], choices: dict, config: Any) -> list[str]:
+    """The overrides that make this run differ from the defaults: a group option other than
+    the default one, a value other than the default job's (hydra.* left out)."""
+    default_choices, default_job = _defaults()
+    run_job = OmegaConf.to_container(config)
+    kept = []
+    for item in overrides:
+        key, _, _ = item.lstrip("+~").partition("=")
+        if key.startswith("hydra.") or key == "hydra":
+            continue
+        if key in default_choices:  # group=option
+            if choices.get(key, default_choices[key]) != default_choices[key]:
+                kept.append(item)
+        elif _value_at(run_job, key) != _value_at(default_job, key):
+            kept.append(item)
+    return kept
 
 
 def written_files(run_dir: Path) -> dict[str, str]:
