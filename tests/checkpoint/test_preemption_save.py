@@ -17,8 +17,9 @@ FULL_DISK = "fault.save_enospc_after_bytes=1000"
 
 def stop_with_usr2(start, run_dir, *overrides, when=None):
     job = start(run_dir, *LONG, *overrides)
-    log0 = run_dir / "logs" / "rank0.log"
-    wait_for(lambda: log0.exists() and "preemption signals armed" in log0.read_text(), what="start")
+    # Rank 1 (the one signalled) has armed its handlers once it recorded a step.
+    rank1 = run_dir / "metrics" / "rank1.jsonl"
+    wait_for(lambda: rank1.exists() and rank1.read_text().strip(), what="rank 1's first step")
     if when is not None:
         wait_for(when, what="the condition to signal")
     rank_process(job.pid, 1).send_signal(signal.SIGUSR2)
