@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 from toolkit.config.errors import ConfigError, below_minimum
 
 COMPRESSIONS = ("gzip", "lzf", "none")
-STRAGGLER_METRICS = ("step_time_s", "forward_backward_s", "optimizer_s", "data_wait_s")
+STRAGGLER_METRICS = (
+    "step_time_s",
+    "forward_backward_s",
+    "optimizer_s",
+    "data_wait_s",
+    "compute_s",
+)
 
 
 def _check(problems: list[str]) -> None:

@@ -123,7 +123,10 @@ class ProfileHook(Hook):
             with_stack=self.cfg.profile_with_stack,
             profile_memory=self.cfg.profile_memory,
         )
-        self.profiler.step_num = first  # ProfilerStep#<first> .. #<last> in the trace
+        # ProfilerStep#<first> .. #<last> in the trace (without a schedule torch.profiler
+        # marks no steps unless asked to).
+        self.profiler.record_steps = True
+        self.profiler.step_num = first
         self.profiler.start()
         if trainer.rank == 0:
             log.info("profiling steps %d..%d", self.first_step, self.last_step)

@@ -37,6 +37,24 @@ def _image(path: Path, alt: str) -> str:
 
 def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
     parts = [f"<h1>Telemetry report</h1><p class=note>{html.escape(str(report.run_dir))}</p>"]
+    if report.verdict is not None:
+        from toolkit.telemetry.report.verdict import summary_lines
+
+        lines = summary_lines(report.verdict)
+        parts.append(
+            "<h2 id=diagnosis>Diagnosis</h2><ul>"
+            + "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+            + "</ul>"
+        )
+    if report.profiles:
+        links = "".join(
+            f'<li><a href="{html.escape(Path(p).resolve().as_uri())}">{html.escape(p)}</a></li>'
+            for p in report.profiles
+        )
+        parts.append(
+            "<h2 id=profiles>Profiler windows</h2><ul>" + links + "</ul><p class=note>"
+            "Merged with the telemetry timeline in trace.json (ui.perfetto.dev).</p>"
+        )
     parts.append("<h2>Nodes</h2>" + _table(tables.NODE_HEADER, tables.node_rows(report)))
     parts.append("<h2>Stragglers</h2>")
     parts.append(
