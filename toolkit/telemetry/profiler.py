@@ -82,18 +82,17 @@ class ProfileHook(Hook):
         self, trainer: TrainerView, record: StepRecord, votes: list[float]
     ) -> Stop | None:
         step = trainer.step
-        if votes and votes[0] > 0 and trainer.rank == 0:
+        requested = bool(votes) and votes[0] > 0
+        if requested and trainer.rank == 0:
             self.trigger.unlink(missing_ok=True)
         if self.profiler is not None:
-            if step >= self.last_step:
-                self._close(trainer)
-            else:
+            if step < self.last_step:
                 self.profiler.step()  # the trace's ProfilerStep#<n> is the loop's step n
-            return None
-        if votes and votes[0] > 0:
-            self._open(trainer, step + 1, step + self.cfg.profile_length)
-            return None
+                return None  # one window at a time: a request now is dropped
+            self._close(trainer)
         last = self._scheduled(step + 1)
+        if requested:
+            last = max(last or 0, step + self.cfg.profile_length)
         if last is not None:
             self._open(trainer, step + 1, last)
         return None
