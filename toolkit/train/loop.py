@@ -173,6 +173,8 @@ class Trainer:
         Non-final micro-steps skip FSDP's reduce-scatter (set_requires_gradient_sync), so
         gradients accumulate unsharded locally and are reduced once."""
         t0 = time.perf_counter()
+        if self._straggler_sleep_s:
+            time.sleep(self._straggler_sleep_s)  # injected slow rank (fault.straggler_rank)
         accum = len(micro_batches)
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
         for i, (inputs, targets) in enumerate(micro_batches):
@@ -184,8 +186,6 @@ class Trainer:
             loss = self.model(inputs, targets) / accum
             loss.backward()
             loss_sum += loss.detach()
-        if self._straggler_sleep_s:
-            time.sleep(self._straggler_sleep_s)  # injected (fault.straggler_rank)
         t1 = time.perf_counter()
         grad_norm = clip_grad_norm_(self.model, self.grad_clip)
         t_clip = time.perf_counter()
