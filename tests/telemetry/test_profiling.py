@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import launch
-from toolkit.config.fault import FaultConfig, problems as fault_problems
-from toolkit.config.telemetry import TelemetryConfig, problems as telemetry_problems
+from toolkit.config.fault import FaultConfig
+from toolkit.config.fault import problems as fault_problems
+from toolkit.config.telemetry import TelemetryConfig
+from toolkit.config.telemetry import problems as telemetry_problems
 from toolkit.telemetry.cli import main
 from toolkit.telemetry.profiler import PROFILE_NOW
 
