@@ -22,6 +22,16 @@ img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
 """
 
 
+PLOTS = (
+    ("training_png", "Loss, grad norm and learning rate"),
+    ("step_time_png", "Step time per rank"),
+    ("throughput_png", "Throughput"),
+    ("host_png", "Host CPU, memory, disk and network per node"),
+    ("gpu_curves_png", "GPU utilisation, memory, power and clocks per node"),
+    ("gpu_heatmap_png", "GPU utilization and power"),
+)
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
@@ -72,13 +82,9 @@ def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
         "<h2>Where the time went</h2>"
         + _table(tables.ATTRIBUTION_HEADER, tables.attribution_rows(report))
     )
-    for key, title in (
-        ("step_time_png", "Step time per rank"),
-        ("throughput_png", "Throughput"),
-        ("gpu_heatmap_png", "GPU utilization and power"),
-    ):
+    for key, title in PLOTS:
         if key in images:
-            parts.append(f"<h2>{title}</h2>" + _image(images[key], title))
+            parts.append(f"<h2 id={key}>{title}</h2>" + _image(images[key], title))
     parts.append("<h2>Ranks</h2>" + _table(tables.RANK_HEADER, tables.rank_rows(report)))
     notes = [f"{g}: absent: {why}" for g, why in report.absent.items()]
     notes += [f"skipped {p}: {why}" for p, why in report.skipped]
