@@ -115,7 +115,7 @@ def diagnose(
     if model_note:
         verdict.notes.append(model_note)
     findings = verdict.findings
-    has_compute = bool(series) and all("compute_s" in s.columns for s in series.values())
+    has_compute = bool(series) and all(analysis.has_split(s.columns) for s in series.values())
 
     # Stragglers: per-rank compute does not equalise the way step time does.
     wait_s = 0.0
