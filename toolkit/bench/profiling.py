@@ -1,5 +1,7 @@
 """Benchmarks of issue 19 (`python -m toolkit.bench.profiling overhead|window|scale`):
 
+* micro: the same outside a window, per step and per collective, in-process (robust to a
+  loaded machine);
 * overhead: median step time of 2-rank CPU runs with the profiler hook configured but no
   window open, and with the communication timer, against neither (interleaved repeats);
 * window: the cost of a profiler window per step (steps inside windows vs outside, one run);
@@ -51,6 +53,50 @@ def overhead(reps: int, steps: int) -> dict:
         },
         "per_run_s": medians,
     }
+
+
+def micro(calls: int) -> dict:
+    """In-process per-step costs outside a window, robust to a loaded machine: the profiler
+    hook's votes() + after_step() on rank 0 (one stat() of RUN_DIR/profile-now), and one
+    all_reduce of 2 floats on a 1-rank gloo group with and without the communication timer."""
+    import torch
+    import torch.distributed as dist
+
+    from toolkit.config.telemetry import TelemetryConfig
+    from toolkit.distributed.commtime import CommTimer
+    from toolkit.events import NullSink
+    from toolkit.telemetry.profiler import ProfileHook
+
+    class View:
+        rank, world_size, step, total_steps = 0, 1, 10, 1_000_000
+        device = torch.device("cpu")
+
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        hook = ProfileHook(TelemetryConfig(), Path(tmp), NullSink())
+        view = View()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            hook.after_step(view, None, hook.votes(view))  # type: ignore[arg-type]
+        out["profiler_hook_per_step_us"] = 1e6 * (time.perf_counter() - t0) / calls
+        store = Path(tmp) / "store"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        try:
+            x = torch.zeros(2)
+            for name in ("all_reduce_plain_us", "all_reduce_timed_us"):
+                timer = CommTimer().install() if name.endswith("timed_us") else None
+                for _ in range(100):
+                    dist.all_reduce(x)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    dist.all_reduce(x)
+                out[name] = 1e6 * (time.perf_counter() - t0) / calls
+                if timer is not None:
+                    timer.uninstall()
+        finally:
+            dist.destroy_process_group()
+    out["calls"] = calls
+    return out
 
 
 def window(steps: int, every: int, length: int) -> dict:
@@ -140,16 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--steps", type=int, default=60)
     w.add_argument("--every", type=int, default=10)
     w.add_argument("--length", type=int, default=3)
+    m = sub.add_parser("micro")
+    m.add_argument("--calls", type=int, default=20000)
     s = sub.add_parser("scale")
     s.add_argument("--nodes", type=int, default=64)
     s.add_argument("--gpus", type=int, default=8)
     s.add_argument("--hours", type=float, default=24.0)
     s.add_argument("--keep", type=Path, default=None, help="generate into (or reuse) this dir")
-    for p in (o, w, s):
+    for p in (o, w, m, s):
         p.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.what == "overhead":
         result = overhead(args.reps, args.steps)
+    elif args.what == "micro":
+        result = micro(args.calls)
     elif args.what == "window":
         result = window(args.steps, args.every, args.length)
     else:

@@ -44,11 +44,12 @@ ASYNC_ALWAYS = ("isend", "irecv")
 
 class CommTimer:
     def __init__(self) -> None:
-        self.busy_s = dict.fromkeys(KINDS, 0.0)
         self.exposed_s = 0.0
         self._originals: dict[str, Any] = {}
         self._thread = threading.get_ident()
-        self._lock = threading.Lock()
+        self._done: list[
+            tuple[str, float]
+        ] = []  # appended from any thread (atomic), drained by take()
         self._depth = 0  # > 0 inside a wrapped call: its own internal wait() is not counted
 
     def install(self) -> CommTimer:
@@ -75,15 +76,15 @@ class CommTimer:
 
     def take(self) -> tuple[dict[str, float], float]:
         """(seconds in collectives per kind, exposed seconds) since the last take()."""
-        with self._lock:
-            busy, exposed = dict(self.busy_s), self.exposed_s
-            self.busy_s = dict.fromkeys(KINDS, 0.0)
-            self.exposed_s = 0.0
+        busy = dict.fromkeys(KINDS, 0.0)
+        done, self._done = self._done, []
+        for kind, seconds in done:
+            busy[kind] += seconds
+        exposed, self.exposed_s = self.exposed_s, 0.0
         return busy, exposed
 
     def _add(self, kind: str, seconds: float) -> None:
-        with self._lock:
-            self.busy_s[kind] += seconds
+        self._done.append((kind, seconds))
 
     def _wrap_wait(self, original: Any) -> Any:
         @functools.wraps(original)
