@@ -170,7 +170,7 @@ def scale(nodes: int, gpus: int, hours: float, keep: Path | None) -> dict:
                 "peak_rss_bytes": max(peak, before) * 1024,
                 "tail": done.stderr[-300:] if done.returncode else "",
             }
-            print(f"{name}: {wall:.1f} s, peak RSS <= {peak / 2**20:.0f} MiB", flush=True)
+            print(f"{name}: {wall:.1f} s, peak RSS <= {peak / 2**10:.0f} MiB", flush=True)
         return out
     finally:
         tmp.cleanup()
