@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 ARGS ?=
 
-.PHONY: install run test test-fast lint cluster-up cluster-down
+.PHONY: install run test test-fast lint cluster-up cluster-down test-browser
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,3 +38,8 @@ cluster-up:
 
 cluster-down:
 	scripts/dev-cluster down
+
+# Headless Chromium for the HTML-report test (root, Debian-family); the test installs it
+# itself through the same script, and fails under CI=true when it cannot.
+test-browser:
+	scripts/install-test-browser

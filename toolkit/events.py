@@ -37,6 +37,19 @@ class StepRecord:
     mfu: float
     mem_peak_bytes: int
     rank: int = 0
+    # Where the step went (defaults keep older files readable). On every backend:
+    # step_time_s = data_wait_s + compute_s + comm_exposed_s + optimizer_step_s
+    #               + checkpoint_stall_s + other_s
+    compute_s: float = 0.0  # forward/backward and clipping, minus communication waited for
+    comm_exposed_s: float = 0.0  # the training thread blocked in collectives
+    optimizer_step_s: float = 0.0  # optimizer.step, zero_grad and the schedule
+    checkpoint_stall_s: float = 0.0  # hooks before the optimizer step (checkpoint staging)
+    other_s: float = 0.0  # the rest of the step
+    # Seconds in collectives per kind, from issue to completion (overlapped or not).
+    comm_all_gather_s: float = 0.0
+    comm_reduce_scatter_s: float = 0.0
+    comm_all_reduce_s: float = 0.0
+    comm_p2p_s: float = 0.0
 
 
 @dataclass

@@ -86,11 +86,18 @@ def test_time_is_attributed_to_compute_data_checkpoint_and_idle(report):
 
 def test_plots_html_and_exports_are_written_and_parse(report):
     out = report.out_dir
-    for name in ("step_time.png", "throughput.png", "gpu_heatmap.png"):
+    for name in (
+        "step_time.png",
+        "throughput.png",
+        "gpu_heatmap.png",
+        "training.png",
+        "host.png",
+        "gpu_curves.png",
+    ):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (out / name).stat().st_size > 10_000
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3 and "rank 13 (gpu-node003)" in html
+    assert html.count("data:image/png;base64,") == 6 and "rank 13 (gpu-node003)" in html
     trace = json.loads((out / "trace.json").read_text())
     phases = {e["ph"] for e in trace["traceEvents"]}
     assert {"M", "X", "C"} <= phases

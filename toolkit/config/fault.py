@@ -21,6 +21,11 @@ class FaultConfig:
     # The checkpoint writer of the save at this step stalls for save_stall_s (a slow disk).
     save_stall_step: int | None = None
     save_stall_s: float = 3600.0
+    # The training loop sleeps this long inside every step's data wait (a slow data loader).
+    data_delay_s: float = 0.0
+    # Rank `straggler_rank` sleeps straggler_sleep_s in every step's compute (a slow rank).
+    straggler_rank: int | None = None
+    straggler_sleep_s: float = 0.0
 
 
 def problems(cfg: FaultConfig) -> list[str]:
@@ -36,4 +41,10 @@ def problems(cfg: FaultConfig) -> list[str]:
         p.append(f"fault.save_enospc_from_step={cfg.save_enospc_from_step}: must be >= 1 (or null)")
     if cfg.save_stall_s < 0:
         p.append(f"fault.save_stall_s={cfg.save_stall_s}: must be >= 0")
+    if cfg.data_delay_s < 0:
+        p.append(f"fault.data_delay_s={cfg.data_delay_s}: must be >= 0")
+    if cfg.straggler_rank is not None and cfg.straggler_rank < 0:
+        p.append(f"fault.straggler_rank={cfg.straggler_rank}: must be >= 0 (or null)")
+    if cfg.straggler_sleep_s < 0:
+        p.append(f"fault.straggler_sleep_s={cfg.straggler_sleep_s}: must be >= 0")
     return p

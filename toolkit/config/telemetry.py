@@ -7,12 +7,18 @@ InfiniBand and writes the node's HDF5 file); `ReportConfig` the post-run analysi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from toolkit.config.errors import ConfigError, below_minimum
 
 COMPRESSIONS = ("gzip", "lzf", "none")
-STRAGGLER_METRICS = ("step_time_s", "forward_backward_s", "optimizer_s", "data_wait_s")
+STRAGGLER_METRICS = (
+    "step_time_s",
+    "forward_backward_s",
+    "optimizer_s",
+    "data_wait_s",
+    "compute_s",
+)
 
 
 def _check(problems: list[str]) -> None:
@@ -35,6 +41,15 @@ class TelemetryConfig:
     chunk_rows: int = 1024  # rows per HDF5 chunk
     max_pending: int = 10000  # records a rank buffers while its node agent is unreachable
     close_timeout_s: float = 10.0  # how long rank close waits for the agent's final flush
+    # Profiler windows (torch.profiler on every rank, RUN_DIR/profiles/step<N>/rank<k>.json.gz):
+    profile_steps: list[int] = field(default_factory=list)  # [first, last] steps, inclusive
+    profile_every: int = 0  # also open a window every N steps (0: never)
+    profile_length: int = 3  # steps per window opened by profile_every or RUN_DIR/profile-now
+    profile_on_demand: bool = True  # `touch RUN_DIR/profile-now` opens a window on every rank
+    profile_memory: bool = False  # allocator events in the trace (profile_memory=True)
+    profile_with_stack: bool = False  # Python stacks in the trace (costly)
+    profile_cuda_snapshot: bool = False  # GPU memory snapshot per window (CUDA only)
+    comm_timing: bool = True  # time collectives per kind and the exposed part in every step
 
     def __post_init__(self) -> None:
         # The agent builds one from its spec: a bad value must fail there too.
@@ -55,6 +70,12 @@ def problems(cfg: TelemetryConfig) -> list[str]:
     if not 0 <= cfg.compression_level <= 9:
         p.append(f"telemetry.compression_level={cfg.compression_level}: must be in 0..9")
     p += below_minimum("telemetry", cfg, {"chunk_rows": 16, "max_pending": 0, "close_timeout_s": 0})
+    p += below_minimum("telemetry", cfg, {"profile_every": 0, "profile_length": 1})
+    steps = list(cfg.profile_steps)
+    if steps and (len(steps) != 2 or steps[0] < 1 or steps[1] < steps[0]):
+        p.append(
+            f"telemetry.profile_steps={steps}: must be [] or [first, last] with 1 <= first <= last"
+        )
     return p
 
 

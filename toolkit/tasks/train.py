@@ -14,10 +14,12 @@ import torch.distributed as dist
 
 from toolkit.config.job import JobConfig
 from toolkit.config.shape import micro_batch_size
+from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import build_mesh, local_param_bytes, parallelize
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
+from toolkit.telemetry.profiler import ProfileHook, profiling_configured
 from toolkit.telemetry.sink import build_telemetry_sinks
 from toolkit.train.console import ConsoleSink
 from toolkit.train.data import BatchPlan, Loader, open_sources
@@ -38,6 +40,15 @@ def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
 
 
 def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
+    """Checkpointing and scheduler control (see build_checkpoint_hooks), then profiler
+    windows: last, so that a window opens after the other hooks' work of its step."""
+    hooks = build_checkpoint_hooks(job, env, run_dir, sink)
+    if profiling_configured(job.telemetry):
+        hooks.append(ProfileHook(job.telemetry, run_dir, sink))
+    return hooks
+
+
+def build_checkpoint_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
     """Checkpointing, and with it scheduler control: preemption signals stop every rank at
     a step boundary, the final checkpoint commits, then the Slurm job is requeued."""
     if not job.checkpoint.enabled:
@@ -116,6 +127,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         val_loader=val_loader,
         grad_clip=job.optim.grad_clip,
         fault=job.fault,
+        comm_timer=CommTimer().install() if job.telemetry.comm_timing else None,
     )
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer
@@ -131,6 +143,8 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
         summary = trainer.fit()
     finally:
         trainer.sink.close()
+        if trainer.comm_timer is not None:
+            trainer.comm_timer.uninstall()
     summary["run_dir"] = str(run_dir)
     if env.is_rank0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -1,4 +1,4 @@
-"""`python -m toolkit.telemetry report|watch RUN_DIR`."""
+"""`python -m toolkit.telemetry report|watch RUN_DIR`, `... compare RUN_A RUN_B`."""
 
 from __future__ import annotations
 
@@ -31,6 +31,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     rep.add_argument("--no-plots", action="store_true")
     rep.add_argument("--no-sacct", action="store_true")
     rep.add_argument("--no-export", action="store_true", help="skip the CSV and trace exports")
+    cmp = sub.add_parser("compare", help="two runs side by side, with run-to-run noise")
+    cmp.add_argument("run_a", type=Path)
+    cmp.add_argument("run_b", type=Path)
+    cmp.add_argument("--json", type=Path, default=None, help="also write the comparison here")
     watch = sub.add_parser("watch", help="live view of a running job's telemetry")
     watch.add_argument("run_dir", type=Path)
     watch.add_argument("--once", action="store_true", help="print one snapshot and exit")
@@ -62,6 +66,16 @@ def main(argv: list[str] | None = None) -> int:
             report = build_report(args.run_dir, args.out, report_config(args))
             print_report(report)
             print(f"report: {report.outputs['html']} ({report.elapsed_s:.1f} s)")
+            return 0
+        if args.command == "compare":
+            import json
+
+            from toolkit.telemetry.compare import compare, print_comparison
+
+            result = compare(args.run_a, args.run_b)
+            print_comparison(result)
+            if args.json is not None:
+                args.json.write_text(json.dumps(result, indent=2, default=str))
             return 0
         from toolkit.telemetry.watch import watch
 

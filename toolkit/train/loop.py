@@ -23,6 +23,7 @@ from torch import nn
 from toolkit.config.fault import FaultConfig
 from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
+from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.fsdp import clip_grad_norm_
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
@@ -62,6 +63,7 @@ class Trainer:
         hooks: list[Hook] | None = None,
         grad_clip: float = 1.0,
         fault: FaultConfig | None = None,
+        comm_timer: CommTimer | None = None,
     ):
         self.cfg = cfg
         self.model = model
@@ -76,7 +78,12 @@ class Trainer:
         self.hooks = hooks or []
         self.grad_clip = grad_clip
         self.fault = fault or FaultConfig()
+        self.comm_timer = comm_timer
+        self.phases: dict[str, float] = {}
         self.rank = dist.get_rank()
+        self._straggler_sleep_s = (
+            self.fault.straggler_sleep_s if self.fault.straggler_rank == self.rank else 0.0
+        )
         self.world_size = dist.get_world_size()
         self.state = TrainState()
         self.losses: list[float] = []
@@ -160,11 +167,14 @@ class Trainer:
         self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[float, float, float, float, list[float]]:
         """Forward/backward over the micro-batches, then clip and step. Returns the mean
-        loss, the grad norm, both phases' seconds and the votes summed over ranks.
+        loss, the grad norm, both phases' seconds and the votes summed over ranks; the
+        phases in finer grain are left in `self.phases` (seconds).
 
         Non-final micro-steps skip FSDP's reduce-scatter (set_requires_gradient_sync), so
         gradients accumulate unsharded locally and are reduced once."""
         t0 = time.perf_counter()
+        if self._straggler_sleep_s:
+            time.sleep(self._straggler_sleep_s)  # injected slow rank (fault.straggler_rank)
         accum = len(micro_batches)
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
         for i, (inputs, targets) in enumerate(micro_batches):
@@ -178,18 +188,46 @@ class Trainer:
             loss_sum += loss.detach()
         t1 = time.perf_counter()
         grad_norm = clip_grad_norm_(self.model, self.grad_clip)
+        t_clip = time.perf_counter()
         for hook in self.hooks:
             hook.before_optimizer_step(self)
+        t_hooks = time.perf_counter()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        t_opt = time.perf_counter()
+        exposed_so_far = self.comm_timer.exposed_s if self.comm_timer is not None else 0.0
         # One all-reduce carries the loss and every stop vote; .tolist() syncs the device.
         votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
         summed = torch.cat([loss_sum.view(1), torch.tensor(votes, device=self.device)])
         dist.all_reduce(summed, op=dist.ReduceOp.SUM)
         values = summed.tolist()
         t2 = time.perf_counter()
+        self.phases = {
+            "compute": t_clip - t0,
+            "checkpoint_stall": t_hooks - t_clip,
+            "optimizer_step": t_opt - t_hooks,
+            "exposed_before_votes": exposed_so_far,
+        }
         return values[0] / self.world_size, float(grad_norm), t1 - t0, t2 - t1, values[1:]
+
+    def _breakdown(self, step_time: float, data_wait: float) -> dict[str, float]:
+        """Where the step went: the StepRecord fields that add up to step_time_s. Exposed
+        communication is taken out of the phase it happened in (compute, or the votes'
+        all-reduce that counts as other); with no comm timer it counts as compute / other."""
+        busy, exposed = self.comm_timer.take() if self.comm_timer is not None else ({}, 0.0)
+        phases = self.phases
+        compute = max(0.0, phases["compute"] - phases["exposed_before_votes"])
+        known = data_wait + compute + exposed + phases["optimizer_step"]
+        known += phases["checkpoint_stall"]
+        return {
+            "compute_s": compute,
+            "comm_exposed_s": exposed,
+            "optimizer_step_s": phases["optimizer_step"],
+            "checkpoint_stall_s": phases["checkpoint_stall"],
+            "other_s": max(0.0, step_time - known),
+            **{f"comm_{kind}_s": seconds for kind, seconds in busy.items()},
+        }
 
     def _time_up(self) -> float:
         budget = self.cfg.time_budget_s
@@ -223,6 +261,8 @@ class Trainer:
             while stop is None and self.state.step < self.cfg.steps:
                 t_wait = time.perf_counter()
                 data_step, micro_batches = next(self.loader)
+                if self.fault.data_delay_s:
+                    time.sleep(self.fault.data_delay_s)  # injected slow loader
                 data_wait = time.perf_counter() - t_wait
                 if data_step != self.state.step:
                     raise RuntimeError(
@@ -236,6 +276,8 @@ class Trainer:
                         f"injected failure at step {self.state.step + 1} (fault.fail_at_step)"
                     )
                 lr = self.scheduler.get_last_lr()[0]
+                if self.comm_timer is not None:
+                    self.comm_timer.take()  # eval and hooks between steps: not this step's
                 loss, grad_norm, fb_s, opt_s, votes = self.train_step(micro_batches)
                 step_time = time.perf_counter() - t_wait
                 self.state.step += 1
@@ -256,6 +298,7 @@ class Trainer:
                     mfu=mfu(tps, self.flops_per_token, self.peak_flops, self.world_size),
                     mem_peak_bytes=peak_memory_bytes(self.device),
                     rank=self.rank,
+                    **self._breakdown(step_time, data_wait),
                 )
                 self.losses.append(loss)
                 self.records.append(record)

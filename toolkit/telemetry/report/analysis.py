@@ -338,6 +338,14 @@ class Attribution:
         return {k: v / total for k, v in self.seconds.items()}
 
 
+SPLIT_FIELDS = ("compute_s", "comm_exposed_s", "optimizer_step_s", "checkpoint_stall_s")
+
+
+def has_split(columns: dict[str, np.ndarray]) -> bool:
+    """Steps that carry the step's split (files written before it have NaN or no column)."""
+    return all(f in columns and np.isfinite(columns[f]).all() for f in SPLIT_FIELDS)
+
+
 def attribute_time(series: dict[int, RankSeries], events: list[dict[str, Any]]) -> Attribution:
     """Each rank's wall time from its first step start to its last step end (per attempt),
     split into compute, data wait, communication (when steps carry comm_s), checkpoint stall,
@@ -365,13 +373,24 @@ def attribute_time(series: dict[int, RankSeries], events: list[dict[str, Any]]) 
         spans = [blocking_span(e) for e in mine]
         stall = sum(span[1] - span[0] for span in spans if span is not None)
         ev = sum(e["end"] - e["start"] for e in mine if e["name"] == EVAL)
-        cats["compute"] += in_step - wait - comm
+        if has_split(cols):  # steps carry their split
+            cats.setdefault("optimizer", 0.0)
+            cats["compute"] += float(cols["compute_s"].sum())
+            cats["communication"] += float(cols["comm_exposed_s"].sum())
+            cats["optimizer"] += float(cols["optimizer_step_s"].sum())
+            in_step_stall = float(cols["checkpoint_stall_s"].sum())
+            cats["checkpoint_stall"] += in_step_stall
+            other = in_step - wait - in_step_stall - float(cols["compute_s"].sum())
+            other -= float(cols["comm_exposed_s"].sum()) + float(cols["optimizer_step_s"].sum())
+            cats["idle_other"] += max(0.0, other)
+        else:
+            cats["compute"] += in_step - wait - comm
+            cats["communication"] += comm
         cats["data_wait"] += wait
-        cats["communication"] += comm
         cats["checkpoint_stall"] += stall
         cats["eval"] += ev
         cats["idle_other"] += max(0.0, span - in_step - stall - ev)
-    if not any("comm_s" in s.columns for s in series.values()):
+    if not any(c in s.columns for s in series.values() for c in ("comm_s", "comm_exposed_s")):
         cats.pop("communication")
     cats["restart_downtime"] = downtime
     return Attribution(cats)

@@ -12,8 +12,9 @@ import numpy as np
 
 from toolkit.config.telemetry import ReportConfig
 from toolkit.telemetry.read import RunData, load_run
-from toolkit.telemetry.report import analysis
+from toolkit.telemetry.report import analysis, export, model
 from toolkit.telemetry.report.analysis import Attribution, GpuStats, IdleGap, Straggler
+from toolkit.telemetry.report.verdict import Verdict, diagnose
 
 
 @dataclass
@@ -33,6 +34,8 @@ class Report:
     absent: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    verdict: Verdict | None = None
+    profiles: list[str] = field(default_factory=list)  # RUN_DIR/profiles/step<N>/rank<k>.json.gz
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +53,8 @@ class Report:
             "absent": self.absent,
             "outputs": self.outputs,
             "num_events": len(self.events),
+            "verdict": self.verdict.to_json() if self.verdict is not None else None,
+            "profiles": self.profiles,
         }
 
 
@@ -134,7 +139,7 @@ def analyse(run: RunData, cfg: ReportConfig) -> tuple[Report, dict[int, analysis
     for n in run.nodes:
         for group, why in n.absent().items():
             absent.setdefault(group, f"{why} (e.g. {n.node})")
-    return Report(
+    report = Report(
         run_dir=run.run_dir,
         out_dir=run.run_dir,
         nodes=node_rows,
@@ -146,12 +151,34 @@ def analyse(run: RunData, cfg: ReportConfig) -> tuple[Report, dict[int, analysis
         events=events,
         skipped=[(str(p), why) for p, why in run.skipped],
         absent=absent,
-    ), series
+    )
+    report.verdict = _diagnose(run, series, report, cfg)
+    report.profiles = [str(p) for p in export.profile_files(run.run_dir)]
+    return report, series
+
+
+def _diagnose(
+    run: RunData, series: dict[int, analysis.RankSeries], report: Report, cfg: ReportConfig
+) -> Verdict:
+    job = model.load_config(run.run_dir)
+    world = max((int(n.attrs.get("world_size", 0) or 0) for n in run.nodes), default=0)
+    predicted, note = model.predicted_terms(job, world or len(series) or 1)
+    return diagnose(
+        series,
+        report.attribution,
+        report.idle_gaps,
+        report.gpus,
+        report.events,
+        cfg,
+        job,
+        predicted,
+        note,
+    )
 
 
 def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Report:
     """Load, analyse and write every output under out_dir (default RUN_DIR/telemetry/report)."""
-    from toolkit.telemetry.report import export, html, plots, slurm
+    from toolkit.telemetry.report import html, plots, slurm
 
     t0 = time.perf_counter()
     run = load_run(Path(run_dir))

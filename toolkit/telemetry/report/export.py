@@ -169,6 +169,8 @@ def write_trace(
                 times[keep].tolist(), util[keep].tolist(), power[keep].tolist(), strict=True
             )
         )
+    lines += host_counters(run, pid, t0)
+    lines += profile_windows(run.run_dir, t0, first_pid=len(pid) + 1)
     with open(path, "w") as f:
         f.write(
             '{"displayTimeUnit":"ms","otherData":{"t0_unix_s":' + repr(t0) + '},"traceEvents":[\n'
@@ -176,3 +178,58 @@ def write_trace(
         f.write(",\n".join(lines))
         f.write("\n]}\n")
     return path
+
+
+def host_counters(run: RunData, pid: dict[str, int], t0: float) -> list[str]:
+    """Counter tracks per node: CPU % and memory used (GiB)."""
+    line = '{"ph":"C","name":"host","pid":%d,"ts":%.3f,"args":{"cpu_pct":%.1f,"mem_used_gib":%.2f}}'
+    out: list[str] = []
+    for n in run.nodes:
+        t = n.host
+        if t is None or not len(t) or "cpu_pct" not in t or "mem_used_bytes" not in t:
+            continue
+        times, cpu, mem = t["time"], t["cpu_pct"], t["mem_used_bytes"] / 2**30
+        keep = np.isfinite(cpu) & np.isfinite(mem)
+        out.extend(
+            line % (pid[n.node], (a - t0) * 1e6, b, c)
+            for a, b, c in zip(
+                times[keep].tolist(), cpu[keep].tolist(), mem[keep].tolist(), strict=True
+            )
+        )
+    return out
+
+
+def profile_files(run_dir: Path) -> list[Path]:
+    """The run's profiler traces: RUN_DIR/profiles/step<N>/rank<k>.json.gz."""
+    return sorted(Path(run_dir).glob("profiles/step*/rank*.json.gz"))
+
+
+def profile_windows(run_dir: Path, t0: float, first_pid: int) -> list[str]:
+    """Every profiler trace of the run on the telemetry timeline: one process per window
+    and rank, timestamps moved from the trace's base time to the report's t0."""
+    import gzip
+
+    out: list[str] = []
+    for i, path in enumerate(profile_files(run_dir)):
+        try:
+            with gzip.open(path, "rt") as f:
+                trace = json.load(f)
+        except (OSError, ValueError) as exc:
+            out.append(
+                json.dumps({"ph": "i", "name": f"unreadable {path.name}: {exc}", "pid": 0, "ts": 0})
+            )
+            continue
+        shift_us = (trace.get("baseTimeNanoseconds", 0) / 1e9 - t0) * 1e6
+        p = first_pid + i
+        name = f"profile {path.parent.name} {path.name.split('.')[0]}"
+        out.append(
+            json.dumps({"ph": "M", "name": "process_name", "pid": p, "args": {"name": name}})
+        )
+        threads: dict[tuple[Any, Any], int] = {}  # the trace's (pid, tid) -> a tid here
+        for e in trace.get("traceEvents", []):
+            if e.get("ph") == "M" or "ts" not in e:
+                continue
+            tid = threads.setdefault((e.get("pid"), e.get("tid")), len(threads))
+            e = dict(e, pid=p, tid=tid, ts=float(e["ts"]) + shift_us)
+            out.append(json.dumps(e, default=str))
+    return out

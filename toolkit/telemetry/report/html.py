@@ -22,6 +22,16 @@ img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}
 """
 
 
+PLOTS = (
+    ("training_png", "Loss, grad norm and learning rate"),
+    ("step_time_png", "Step time per rank"),
+    ("throughput_png", "Throughput"),
+    ("host_png", "Host CPU, memory, disk and network per node"),
+    ("gpu_curves_png", "GPU utilisation, memory, power and clocks per node"),
+    ("gpu_heatmap_png", "GPU utilization and power"),
+)
+
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
@@ -37,6 +47,24 @@ def _image(path: Path, alt: str) -> str:
 
 def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
     parts = [f"<h1>Telemetry report</h1><p class=note>{html.escape(str(report.run_dir))}</p>"]
+    if report.verdict is not None:
+        from toolkit.telemetry.report.verdict import summary_lines
+
+        lines = summary_lines(report.verdict)
+        parts.append(
+            "<h2 id=diagnosis>Diagnosis</h2><ul>"
+            + "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+            + "</ul>"
+        )
+    if report.profiles:
+        links = "".join(
+            f'<li><a href="{html.escape(Path(p).resolve().as_uri())}">{html.escape(p)}</a></li>'
+            for p in report.profiles
+        )
+        parts.append(
+            "<h2 id=profiles>Profiler windows</h2><ul>" + links + "</ul><p class=note>"
+            "Merged with the telemetry timeline in trace.json (ui.perfetto.dev).</p>"
+        )
     parts.append("<h2>Nodes</h2>" + _table(tables.NODE_HEADER, tables.node_rows(report)))
     parts.append("<h2>Stragglers</h2>")
     parts.append(
@@ -54,13 +82,9 @@ def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
         "<h2>Where the time went</h2>"
         + _table(tables.ATTRIBUTION_HEADER, tables.attribution_rows(report))
     )
-    for key, title in (
-        ("step_time_png", "Step time per rank"),
-        ("throughput_png", "Throughput"),
-        ("gpu_heatmap_png", "GPU utilization and power"),
-    ):
+    for key, title in PLOTS:
         if key in images:
-            parts.append(f"<h2>{title}</h2>" + _image(images[key], title))
+            parts.append(f"<h2 id={key}>{title}</h2>" + _image(images[key], title))
     parts.append("<h2>Ranks</h2>" + _table(tables.RANK_HEADER, tables.rank_rows(report)))
     notes = [f"{g}: absent: {why}" for g, why in report.absent.items()]
     notes += [f"skipped {p}: {why}" for p, why in report.skipped]

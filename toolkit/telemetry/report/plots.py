@@ -209,4 +209,16 @@ def write_plots(
     heat = gpu_heatmap(run, t0, max(t1, t0 + 1), out / "gpu_heatmap.png")
     if heat is not None:
         out_paths["gpu_heatmap_png"] = heat
+    from toolkit.telemetry.report import curves
+
+    for key, made in (
+        (
+            "training_png",
+            curves.training_curves(series, report.events, out / "training.png", max_points),
+        ),
+        ("host_png", curves.host_curves(run, t0, out / "host.png", max_points)),
+        ("gpu_curves_png", curves.gpu_curves(run, t0, out / "gpu_curves.png", max_points)),
+    ):
+        if made is not None:
+            out_paths[key] = made
     return out_paths

@@ -149,6 +149,16 @@ def print_report(report: Report, console: Any = None, max_rank_rows: int = 64) -
             table.add_row(*row)
         console.print(table)
 
+    if report.verdict is not None:
+        from rich.markup import escape
+
+        from toolkit.telemetry.report.verdict import summary_lines
+
+        console.print("[bold]Diagnosis[/bold]")
+        for line in summary_lines(report.verdict):
+            console.print(escape(line), soft_wrap=True)
+        for path in report.profiles:
+            console.print(f"profile: {path}", soft_wrap=True)
     show("Nodes", NODE_HEADER, node_rows(report))
     ranks = rank_rows(report)
     if len(ranks) > max_rank_rows:
