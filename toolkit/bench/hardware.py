@@ -1,0 +1,257 @@
+"""`python -m toolkit.bench.hardware [--out FILE] [--world N] [--name NAME]`: measure this
+machine and write a hardware profile that `hardware=NAME` loads (default
+conf/hardware/NAME.yaml).
+
+Measured, per device (on CPU per core: one intra-op thread; `cores_per_node` records how many
+cores the node's ranks share): matmul FLOP/s over a grid of GEMM shapes (skinny to square)
+per dtype, causal SDPA forward+backward, memory bandwidth (copy and triad), LayerNorm+GELU
+throughput (as a fraction of the copy bandwidth), the cost of one eager op with autograd,
+host<->device copies (GPU), and for --world N > 1 all-gather latency and bandwidth between N
+local processes (gloo on CPU, NCCL on GPU). The arithmetic that turns timings into the profile
+is toolkit.perfmodel.profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from toolkit.config.hardware import HardwareConfig
+from toolkit.perfmodel import profile
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CPU_SIZES = (64, 256, 1024)
+GPU_SIZES = (256, 1024, 4096, 16384)
+MESSAGE_BYTES = (4096, 65536, 1 << 20, 16 << 20)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds_per_call(fn: Callable[[], object], device: torch.device, min_s: float = 0.05) -> float:
+    """Median of 3 timed batches, each repeating fn for about min_s after one warm-up call."""
+    fn()
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    once = max(time.perf_counter() - t0, 1e-7)
+    reps = max(1, int(min_s / once))
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) / reps)
+    return sorted(times)[1]
+
+
+def matmul_rates(device: torch.device, dtypes: list[str], sizes: tuple[int, ...]):
+    rates = []
+    for dtype in dtypes:
+        for m in sizes:
+            for n in sizes:
+                for k in sizes:
+                    a = torch.randn(m, k, device=device, dtype=DTYPES[dtype])
+                    b = torch.randn(k, n, device=device, dtype=DTYPES[dtype])
+                    s = seconds_per_call(lambda a=a, b=b: a @ b, device)
+                    rates.append((m, n, k, dtype, profile.gemm_flops(m, n, k) / s))
+    return rates
+
+
+def attention_rates(device: torch.device, dtypes: list[str], seq_lens: tuple[int, ...]):
+    rates = []
+    head_dim, batch_heads = 64, 8
+    for dtype in dtypes:
+        for s in seq_lens:
+            shape = (1, batch_heads, s, head_dim)
+            q, k, v = (
+                torch.randn(shape, device=device, dtype=DTYPES[dtype], requires_grad=True)
+                for _ in range(3)
+            )
+
+            def step(q=q, k=k, v=v) -> None:
+                F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
+            secs = seconds_per_call(step, device)
+            rates.append(
+                (s, head_dim, dtype, profile.causal_sdpa_flops(batch_heads, s, head_dim) / secs)
+            )
+    return rates
+
+
+def memory_bandwidth(device: torch.device, numel: int) -> dict[str, float]:
+    a, b, c = (torch.rand(numel, device=device) for _ in range(3))
+    copy = 2 * 4 * numel / seconds_per_call(lambda: a.copy_(b), device)
+    triad = 3 * 4 * numel / seconds_per_call(lambda: torch.add(b, c, alpha=2.0, out=a), device)
+    return {"copy": copy, "triad": triad}
+
+
+def elementwise_rate(device: torch.device, tokens: int, dim: int) -> float:
+    """Bytes/s of LayerNorm + tanh-GELU forward (each reads and writes tokens x dim fp32)."""
+    x = torch.randn(tokens, dim, device=device)
+    w, bias = torch.ones(dim, device=device), torch.zeros(dim, device=device)
+    secs = seconds_per_call(
+        lambda: F.gelu(F.layer_norm(x, (dim,), w, bias), approximate="tanh"), device
+    )
+    return 2 * 2 * 4 * tokens * dim / secs
+
+
+def op_overhead(device: torch.device, ops: int = 200) -> float:
+    """Seconds per eager op on a tiny tensor, forward and backward (autograd included)."""
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(ops):
+            y = y * 1.0001
+        y.sum().backward()
+
+    return seconds_per_call(chain, device) / (3 * ops)  # forward op + ~2 backward ops each
+
+
+def host_device(device: torch.device, numel: int) -> float:
+    if device.type != "cuda":
+        return 0.0
+    host = torch.empty(numel, dtype=torch.float32, pin_memory=True)
+    dev = torch.empty(numel, dtype=torch.float32, device=device)
+    return 4 * numel / seconds_per_call(lambda: dev.copy_(host, non_blocking=True), device)
+
+
+def _allgather_worker(rank: int, world: int, init: str, backend: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    torch.set_num_threads(1)
+    points = []
+    for size in MESSAGE_BYTES:
+        shard = torch.ones(size // 4 // world, device=device)
+        full = torch.empty(shard.numel() * world, device=device)
+        iters = 50 if size <= 65536 else 10  # the same count on every rank
+        for _ in range(3):
+            dist.all_gather_into_tensor(full, shard)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_gather_into_tensor(full, shard)
+        sync(device)
+        secs = (time.perf_counter() - t0) / iters
+        points.append((shard.numel() * 4 * (world - 1), secs))
+    if rank == 0:
+        Path(out).write_text(repr(points))
+    dist.destroy_process_group()
+
+
+def allgather_points(world: int, cuda: bool, tmp: Path) -> list[tuple[float, float]]:
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp / 'store'}"
+    out = tmp / "points.txt"
+    mp.spawn(
+        _allgather_worker, args=(world, init, "nccl" if cuda else "gloo", str(out)), nprocs=world
+    )
+    import ast
+
+    return ast.literal_eval(out.read_text())
+
+
+def measure(world: int, name: str, dtypes: list[str]) -> tuple[HardwareConfig, list[str]]:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    if not cuda:
+        torch.set_num_threads(1)  # per-core rates; the model scales by threads per rank
+    sizes = GPU_SIZES if cuda else CPU_SIZES
+    mm = matmul_rates(device, dtypes, sizes)
+    peaks = {d: max(r for *_, dt, r in mm if dt == d) for d in dtypes}
+    attn = attention_rates(device, dtypes, (512, 2048, 8192) if cuda else (128, 512))
+    mem = memory_bandwidth(device, (256 << 20) if cuda else (16 << 20))
+    bandwidth = max(mem.values())
+    elementwise = elementwise_rate(device, 8192 if cuda else 2048, 1024)
+    overhead = op_overhead(device)
+    h2d = host_device(device, 64 << 20)
+    latency, link = 2.0e-5, bandwidth
+    if world > 1:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            latency, link = profile.latency_bandwidth(allgather_points(world, cuda, Path(tmp)))
+    if cuda:
+        memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
+    else:
+        memory_bytes = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    host = socket.gethostname()
+    hw = HardwareConfig(
+        name=name,
+        source=f"measured by python -m toolkit.bench.hardware on {host}, {when}",
+        peak_flops_fp32=peaks.get("float32", peaks[dtypes[0]]),
+        peak_flops_bf16=peaks.get("bfloat16", peaks[dtypes[0]]),
+        memory_bandwidth=bandwidth,
+        memory_bytes=memory_bytes,
+        intra_node_bandwidth=link,
+        inter_node_bandwidth=link,
+        nics_per_node=1,
+        intra_node_latency_s=latency,
+        inter_node_latency_s=latency,
+        host_device_bandwidth=h2d or bandwidth,
+        elementwise_fraction=round(min(1.0, elementwise / bandwidth), 4),
+        op_overhead_s=overhead,
+        comm_overlap=1.0 if cuda else 0.0,
+        cores_per_node=0 if cuda else len(os.sched_getaffinity(0)),
+        matmul=profile.gemm_table(mm, peaks),
+        attention=profile.attention_table(attn, peaks),
+    )
+    device_name = torch.cuda.get_device_name(device) if cuda else "CPU, 1 thread per core"
+    comments = [
+        f"Hardware profile of {host} ({device_name}), measured {when}.",
+        f"Peaks = best GEMM of the grid; memory copy {mem['copy']:.3e} B/s, triad {mem['triad']:.3e} B/s;",
+        f"all-gather over {world} local ranks (latency, bandwidth) = ({latency:.2e} s, {link:.3e} B/s);"
+        if world > 1
+        else "no collective measured (--world 1): links set to the memory bandwidth.",
+        "inter_node_* are NOT measured here (one node): edit them for multi-node predictions.",
+        f"load average while measuring: {os.getloadavg()}",
+    ]
+    return hw, comments
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m toolkit.bench.hardware")
+    p.add_argument("--name", default=f"measured_{socket.gethostname().split('.')[0]}")
+    p.add_argument("--out", type=Path, default=None, help="default conf/hardware/NAME.yaml")
+    p.add_argument("--world", type=int, default=2, help="local ranks for the all-gather")
+    p.add_argument("--dtypes", default="float32", help="comma-separated: float32,bfloat16")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    dtypes = args.dtypes.split(",")
+    bad = [d for d in dtypes if d not in DTYPES]
+    if bad or args.world < 1:
+        print(
+            f"error: --dtypes {bad} / --world {args.world}: allowed dtypes {list(DTYPES)}, world >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    from toolkit.config.compose import conf_dir
+
+    out = args.out or conf_dir() / "hardware" / f"{args.name}.yaml"
+    hw, comments = measure(args.world, args.name, dtypes)
+    out.write_text(profile.profile_yaml(hw, comments))
+    print(f"wrote {out}: load it with hardware={out.stem} (from conf/hardware) ")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
