@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import os
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,17 @@ def compose_raw(overrides: list[str]) -> DictConfig:
             return compose(config_name="config", overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(explain(exc, overrides)) from None
+
+
+def job_or_none(overrides: list[str]) -> JobConfig | None:
+    """The typed job for these overrides, or None after printing each problem as one
+    `error:` line on stderr (for CLIs that compose a job without launching it)."""
+    try:
+        return to_job(compose_raw(overrides))
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return None
 
 
 def to_job(cfg: DictConfig) -> JobConfig:
