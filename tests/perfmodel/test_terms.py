@@ -56,10 +56,13 @@ def test_optimizer_traffic_is_what_foreach_adamw_and_clipping_move():
 
 
 def test_cpu_ranks_share_the_cores():
-    cpu = HardwareConfig(cores_per_node=2)
-    assert kernels.rank_speed(cpu, 1) == 2.0  # 2 threads
+    cpu = HardwareConfig(cores_per_node=2, thread_efficiency=0.25)
+    assert kernels.rank_speed(cpu, 1) == 2 * 0.25  # 2 threads at the measured efficiency
+    assert kernels.rank_speed(cpu, 2) == 1.0
     assert kernels.rank_speed(cpu, 4) == 0.5  # 4 ranks on 2 cores
-    assert kernels.overhead_slowdown(cpu, 1) == 1.0
+    assert kernels.overhead_slowdown(cpu, 2) == 1.0
+    threaded = HardwareConfig(cores_per_node=2, op_overhead_s=1e-5, threaded_op_overhead_s=4e-5)
+    assert kernels.overhead_slowdown(threaded, 1) == 4.0  # one rank, 2 threads per op
     assert kernels.overhead_slowdown(cpu, 4) == 2.0
     assert kernels.rank_speed(HardwareConfig(cores_per_node=0), 8) == 1.0  # GPU
 

@@ -1,6 +1,6 @@
-"""`python -m toolkit.bench.hardware [--out FILE] [--world N] [--name NAME]`: measure this
-machine and write a hardware profile that `hardware=NAME` loads (default
-conf/hardware/NAME.yaml).
+"""`python -m toolkit.bench.hardware [--dir DIR] [--world N] [--name NAME]`: measure this
+machine and write a hardware profile, DIR/hardware/NAME.yaml, that any toolkit command loads
+with `'hydra.searchpath=[file://DIR]' hardware=NAME` (or copy it into conf/hardware/).
 
 Measured, per device (on CPU per core: one intra-op thread; `cores_per_node` records how many
 cores the node's ranks share): matmul FLOP/s over a grid of GEMM shapes (skinny to square)
@@ -109,17 +109,77 @@ def elementwise_rate(device: torch.device, tokens: int, dim: int) -> float:
     return 2 * 2 * 4 * tokens * dim / secs
 
 
-def op_overhead(device: torch.device, ops: int = 200) -> float:
-    """Seconds per eager op on a tiny tensor, forward and backward (autograd included)."""
-    x = torch.ones(8, device=device, requires_grad=True)
+def op_overhead(device: torch.device) -> float:
+    """Seconds per op of the model's own block at a size where every kernel is trivial
+    (dim 8, one token): forward + backward time / the ops the model counts per block."""
+    from toolkit.perfmodel import kernels
+    from toolkit.train.models.blocks import Block
 
-    def chain() -> None:
-        y = x
-        for _ in range(ops):
-            y = y * 1.0001
-        y.sum().backward()
+    block = Block(8, 1, 4.0, 1e-5).to(device)
+    x = torch.randn(1, 1, 8, device=device, requires_grad=True)
+    secs = seconds_per_call(lambda: block(x).sum().backward(), device)
+    return secs / (kernels.BLOCK_FORWARD_OPS * (1 + kernels.BACKWARD_OPS_FACTOR))
 
-    return seconds_per_call(chain, device) / (3 * ops)  # forward op + ~2 backward ops each
+
+def fsdp_overheads(device: torch.device, tmp: Path) -> tuple[float, float]:
+    """(seconds per FSDP2 unit collective beyond the collective itself, seconds per foreach
+    op of clipping + AdamW over sharded DTensor parameters), from a trivial model (dim 8,
+    4 tokens) on a one-rank mesh: the forward+backward time with FSDP2 minus without, per
+    unit all-gather/reduce-scatter; the clip + step time per op the model counts."""
+    import torch.distributed as dist
+
+    from toolkit.config.model import ModelConfig
+    from toolkit.config.optim import OptimConfig
+    from toolkit.config.parallel import ParallelConfig
+    from toolkit.config.precision import PrecisionConfig
+    from toolkit.distributed.fsdp import build_mesh, clip_grad_norm_, parallelize
+    from toolkit.perfmodel import kernels
+    from toolkit.perfmodel.model import Layout, fsdp_unit_collectives
+    from toolkit.train.models import build_model
+    from toolkit.train.optim import build_optimizer
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{tmp / 'opt'}", rank=0, world_size=1)
+    try:
+        cfg = ModelConfig(num_layers=2, dim=8, num_heads=1, vocab_size=16, max_seq_len=4)
+        tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
+        plain = build_model(cfg).to(device)
+        plain_s = seconds_per_call(lambda: plain(tokens, tokens).backward(), device)
+        model = build_model(cfg).to(device)
+        par = ParallelConfig()
+        parallelize(model, build_mesh(par, device.type), par, PrecisionConfig())
+        sharded_s = seconds_per_call(lambda: model(tokens, tokens).backward(), device)
+        optimizer = build_optimizer(model, OptimConfig())
+
+        def step() -> None:
+            clip_grad_norm_(model, 1.0)
+            optimizer.step()
+
+        step_s = seconds_per_call(step, device)
+    finally:
+        dist.destroy_process_group()
+    layout = Layout(world_size=1, ranks_per_node=1, micro_batch_size=1, grad_accum=1, seq_len=4)
+    per_collective = max(0.0, sharded_s - plain_s) / fsdp_unit_collectives(cfg, layout)
+    return per_collective, step_s / kernels.optimizer_ops(cfg)
+
+
+def thread_efficiency(device: torch.device, cores: int) -> float:
+    """CPU: the rate with `cores` intra-op threads in one process over `cores` x the
+    one-thread rate, for a 1024^3 GEMM and LayerNorm+GELU (the mean of the two); 1 on GPU."""
+    if device.type == "cuda" or cores < 2:
+        return 1.0
+
+    def rates() -> tuple[float, float]:
+        a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+        return 1.0 / seconds_per_call(lambda: a @ b, device), elementwise_rate(device, 2048, 1024)
+
+    one = rates()
+    torch.set_num_threads(cores)
+    try:
+        many = rates()
+    finally:
+        torch.set_num_threads(1)
+    return round(min(1.0, sum(m / (cores * o) for m, o in zip(many, one, strict=True)) / 2), 4)
 
 
 def host_device(device: torch.device, numel: int) -> float:
@@ -183,12 +243,20 @@ def measure(world: int, name: str, dtypes: list[str]) -> tuple[HardwareConfig, l
     bandwidth = max(mem.values())
     elementwise = elementwise_rate(device, 8192 if cuda else 2048, 1024)
     overhead = op_overhead(device)
+    cores = len(os.sched_getaffinity(0))
+    efficiency = thread_efficiency(device, cores)
+    threaded_overhead = overhead
+    if not cuda and cores > 1:
+        torch.set_num_threads(cores)  # one rank alone on the node: every op forks threads
+        threaded_overhead = op_overhead(device)
+        torch.set_num_threads(1)
     h2d = host_device(device, 64 << 20)
     latency, link = 2.0e-5, bandwidth
-    if world > 1:
-        import tempfile
+    import tempfile
 
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        fsdp_overhead, optimizer_overhead = fsdp_overheads(device, Path(tmp))
+        if world > 1:
             latency, link = profile.latency_bandwidth(allgather_points(world, cuda, Path(tmp)))
     if cuda:
         memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
@@ -211,8 +279,12 @@ def measure(world: int, name: str, dtypes: list[str]) -> tuple[HardwareConfig, l
         host_device_bandwidth=h2d or bandwidth,
         elementwise_fraction=round(min(1.0, elementwise / bandwidth), 4),
         op_overhead_s=overhead,
+        optimizer_op_overhead_s=optimizer_overhead,
+        fsdp_collective_overhead_s=fsdp_overhead,
         comm_overlap=1.0 if cuda else 0.0,
-        cores_per_node=0 if cuda else len(os.sched_getaffinity(0)),
+        cores_per_node=0 if cuda else cores,
+        thread_efficiency=efficiency,
+        threaded_op_overhead_s=threaded_overhead,
         matmul=profile.gemm_table(mm, peaks),
         attention=profile.attention_table(attn, peaks),
     )
@@ -232,7 +304,9 @@ def measure(world: int, name: str, dtypes: list[str]) -> tuple[HardwareConfig, l
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m toolkit.bench.hardware")
     p.add_argument("--name", default=f"measured_{socket.gethostname().split('.')[0]}")
-    p.add_argument("--out", type=Path, default=None, help="default conf/hardware/NAME.yaml")
+    p.add_argument(
+        "--dir", type=Path, default=Path("outputs/hardware"), help="writes DIR/hardware/NAME.yaml"
+    )
     p.add_argument("--world", type=int, default=2, help="local ranks for the all-gather")
     p.add_argument("--dtypes", default="float32", help="comma-separated: float32,bfloat16")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
@@ -244,12 +318,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from toolkit.config.compose import conf_dir
-
-    out = args.out or conf_dir() / "hardware" / f"{args.name}.yaml"
+    out = args.dir.resolve() / "hardware" / f"{args.name}.yaml"
     hw, comments = measure(args.world, args.name, dtypes)
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(profile.profile_yaml(hw, comments))
-    print(f"wrote {out}: load it with hardware={out.stem} (from conf/hardware) ")
+    print(
+        f"wrote {out}; use it with: 'hydra.searchpath=[file://{out.parent.parent}]' hardware={args.name}"
+    )
     return 0
 
 

@@ -105,6 +105,8 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
             ).items()
         },
         **{f"predicted_{t}_s": prediction.time[f"{t}_s"] for t in TERMS},
+        "predicted_forward_backward_s": prediction.time["forward_backward_s"],
+        "predicted_optimizer_s": prediction.time["optimizer_s"],
         "step_time_ratio": stats["step_time_s_median"] / prediction.step_s,
         "dominant_match": predicted_phase == stats["measured_dominant"],
         "stop_reason": run_summary.get("stop_reason"),

@@ -56,12 +56,21 @@ class HardwareConfig:
     host_device_bandwidth: float = 2.0e10  # bytes/s host<->device (CPU: memory bandwidth)
     elementwise_fraction: float = 1.0  # norm/activation/loss kernels, of memory_bandwidth
     op_overhead_s: float = 1.0e-5  # per kernel launch / eager op dispatch
+    # per foreach op of clipping + AdamW over sharded (DTensor) parameters, per tensor on CPU
+    optimizer_op_overhead_s: float = 1.0e-5
+    # per FSDP2 unit all-gather / reduce-scatter: hooks, copy-in/out, DTensor bookkeeping
+    fsdp_collective_overhead_s: float = 1.0e-4
     # Fraction of the compute time behind which FSDP's collectives can hide: 1 with copy
     # engines and separate streams (GPU); 0 where gloo's threads take the same cores (CPU).
     comm_overlap: float = 1.0
     # CPU only: the cores a node's ranks share (the profile's rates are per core and the
     # toolkit gives each rank cores // ranks threads); 0 = one device per rank (GPU).
     cores_per_node: int = 0
+    # CPU: rate of one process with all the cores' threads / (cores x one thread's rate).
+    thread_efficiency: float = 1.0
+    # CPU: op_overhead_s measured with all the cores' threads in one process (each op's
+    # parallel region waits for every thread; on a loaded machine that costs).
+    threaded_op_overhead_s: float = 1.0e-5
     matmul: list[GemmPoint] = field(default_factory=list)
     attention: list[AttentionPoint] = field(default_factory=list)
 
@@ -98,6 +107,9 @@ MAY_BE_ZERO = (
     "cores_per_node",
     "comm_overlap",
     "op_overhead_s",
+    "optimizer_op_overhead_s",
+    "fsdp_collective_overhead_s",
+    "threaded_op_overhead_s",
     "intra_node_latency_s",
     "inter_node_latency_s",
 )
@@ -118,6 +130,8 @@ def problems(hw: HardwareConfig) -> list[str]:
             found.append(f"hardware.{f.name}={value}: must be > 0")
     if not 0 < hw.elementwise_fraction <= 1:
         found.append(f"hardware.elementwise_fraction={hw.elementwise_fraction}: must be in (0, 1]")
+    if not 0 < hw.thread_efficiency <= 1:
+        found.append(f"hardware.thread_efficiency={hw.thread_efficiency}: must be in (0, 1]")
     if hw.comm_overlap > 1:
         found.append(f"hardware.comm_overlap={hw.comm_overlap}: must be in [0, 1]")
     for table, points in (("matmul", hw.matmul), ("attention", hw.attention)):

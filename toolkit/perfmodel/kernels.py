@@ -31,8 +31,6 @@ BLOCK_FORWARD_OPS = 19
 BACKWARD_OPS_FACTOR = 2.0
 # Root forward: arange, 2 lookups, add, final norm, head, float, 2 flattens, log_softmax, nll.
 ROOT_FORWARD_OPS = 11
-# FSDP2 per unit and collective: copy-in, the collective, copy-out/views (~per parameter).
-FSDP_OPS_PER_COLLECTIVE = 8
 # Foreach AdamW (torch.optim.adam._multi_tensor_adam, not capturable), fp32 words moved per
 # parameter: weight-decay mul_ 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2,
 # div_ 2, addcdiv_ 4 = 22; clipping: foreach norm 1 + foreach mul_ 2 = 3.
@@ -140,11 +138,23 @@ def optimizer_ops(model: ModelConfig) -> float:
 
 
 def rank_speed(hw: HardwareConfig, ranks_per_node: int) -> float:
-    """How much faster (or slower) than one profiled device a rank computes: on CPU the
-    ranks of a node share `cores_per_node` cores (rates scale with threads); on GPU 1."""
-    return hw.cores_per_node / ranks_per_node if hw.cores_per_node > 0 else 1.0
+    """How much faster (or slower) than one profiled device a rank computes. GPU: 1. CPU:
+    the ranks of a node share `cores_per_node` cores; a rank with several threads (the
+    toolkit gives it cores // ranks) gains threads x the measured thread efficiency, ranks
+    beyond the cores share them."""
+    if hw.cores_per_node <= 0:
+        return 1.0
+    threads = hw.cores_per_node // ranks_per_node
+    if threads > 1:
+        return threads * hw.thread_efficiency
+    return min(1.0, hw.cores_per_node / ranks_per_node)
 
 
 def overhead_slowdown(hw: HardwareConfig, ranks_per_node: int) -> float:
-    """Op dispatch is one thread's work: it slows when ranks outnumber cores, never speeds up."""
-    return max(1.0, ranks_per_node / hw.cores_per_node) if hw.cores_per_node > 0 else 1.0
+    """Op dispatch is one thread's work: it slows when ranks outnumber cores, never speeds
+    up; a rank with several threads pays the measured threaded per-op cost instead."""
+    if hw.cores_per_node <= 0:
+        return 1.0
+    if hw.cores_per_node // ranks_per_node > 1:
+        return hw.threaded_op_overhead_s / hw.op_overhead_s if hw.op_overhead_s > 0 else 1.0
+    return max(1.0, ranks_per_node / hw.cores_per_node)

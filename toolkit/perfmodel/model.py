@@ -252,17 +252,17 @@ def step_time(
     elementwise_bw = hw.memory_bandwidth * hw.elementwise_fraction * speed
     elementwise_s = accum * kernels.elementwise_bytes(model, tokens, width, act_bytes, ac)
     elementwise_s /= elementwise_bw
-    ops = accum * kernels.ops_per_micro_step(model, ac) + kernels.FSDP_OPS_PER_COLLECTIVE * (
-        fsdp_unit_collectives(model, layout)
+    overhead_s = slowdown * (
+        accum * kernels.ops_per_micro_step(model, ac) * hw.op_overhead_s
+        + fsdp_unit_collectives(model, layout) * hw.fsdp_collective_overhead_s
     )
-    overhead_s = ops * hw.op_overhead_s * slowdown
     compute_s = gemm_s + attention_s + elementwise_s + overhead_s
     link = comm_model.links(hw, layout.shard_size, layout.ranks_per_node)
     ct = comm_model.communication_time(comm, link, compute_s, hw.comm_overlap)
     local_params = param_counts(model)["total"] / layout.shard_size
     optimizer_s = (
         kernels.optimizer_bytes(local_params) / (hw.memory_bandwidth * speed)
-        + kernels.optimizer_ops(model) * hw.op_overhead_s * slowdown
+        + kernels.optimizer_ops(model) * hw.optimizer_op_overhead_s * slowdown
         + ct["small_allreduce_s"]
     )
     forward_backward_s = compute_s + ct["exposed_s"]
