@@ -146,13 +146,14 @@ def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"{title}: {len(plans)} layouts fit, {dropped} do not")
-    for col in ("#", "tokens/s", "step", "dominant", "peak mem/rank", "overrides"):
+    for col in ("#", "tokens/s", "range", "step", "dominant", "peak mem/rank", "overrides"):
         table.add_column(col)
     for i, p in enumerate(plans[:top], 1):
         pr = p.prediction
         table.add_row(
             str(i),
             f"{pr.tokens_per_s:,.0f}",
+            " – ".join(f"{pr.tokens_per_step / s:,.0f}" for s in reversed(pr.step_range_s())),
             f"{pr.step_s * 1000:,.1f} ms",
             pr.dominant,
             f"{pr.memory['peak_bytes'] / 2**30:,.2f} GiB",

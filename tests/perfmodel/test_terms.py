@@ -3,6 +3,8 @@ toolkit.perfmodel.comm) and the does-not-fit verdict."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from toolkit.config.hardware import GemmPoint, HardwareConfig
@@ -113,3 +115,9 @@ def test_mfu_counts_model_flops_and_hfu_executed_flops():
     u = p.utilisation(1e11)
     assert u["mfu"] == pytest.approx(p.flops["model_flops_per_step"] / (p.step_s * 2 * 1e11))
     assert u["hfu"] == pytest.approx(p.flops["executed_flops_per_step"] / (p.step_s * 2 * 1e11))
+
+
+def test_the_step_range_follows_the_stated_uncertainty():
+    p = predict(TINY, Layout(2, 2, 8, 1, 128), dataclasses.replace(PEAK, uncertainty=0.5))
+    low, high = p.step_range_s()
+    assert (low, high) == (pytest.approx(p.step_s / 1.5), pytest.approx(p.step_s * 1.5))

@@ -284,6 +284,7 @@ def measure(world: int, name: str, dtypes: list[str]) -> tuple[HardwareConfig, l
         comm_overlap=1.0 if cuda else 0.0,
         cores_per_node=0 if cuda else cores,
         thread_efficiency=efficiency,
+        uncertainty=0.25,
         threaded_op_overhead_s=threaded_overhead,
         matmul=profile.gemm_table(mm, peaks),
         attention=profile.attention_table(attn, peaks),

@@ -71,6 +71,9 @@ class HardwareConfig:
     # CPU: op_overhead_s measured with all the cores' threads in one process (each op's
     # parallel region waits for every thread; on a loaded machine that costs).
     threaded_op_overhead_s: float = 1.0e-5
+    # Relative uncertainty of a predicted step time on this hardware (0.3: the truth is
+    # expected within step/1.3 .. step*1.3), stated by whoever wrote the numbers.
+    uncertainty: float = 0.3
     matmul: list[GemmPoint] = field(default_factory=list)
     attention: list[AttentionPoint] = field(default_factory=list)
 
@@ -110,6 +113,7 @@ MAY_BE_ZERO = (
     "optimizer_op_overhead_s",
     "fsdp_collective_overhead_s",
     "threaded_op_overhead_s",
+    "uncertainty",
     "intra_node_latency_s",
     "inter_node_latency_s",
 )

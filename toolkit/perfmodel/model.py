@@ -283,6 +283,7 @@ def step_time(
         "forward_backward_s": forward_backward_s,
         "data_wait_s": 0.0,
         "step_s": forward_backward_s + optimizer_s,
+        "uncertainty": hw.uncertainty,
         "dominant": max(terms, key=lambda k: terms[k]),
     }
 
@@ -324,6 +325,11 @@ class Prediction:
     def tokens_per_s(self) -> float:
         """0 for a layout that does not fit: it has no throughput."""
         return self.tokens_per_step / self.step_s if self.fits and self.step_s > 0 else 0.0
+
+    def step_range_s(self) -> tuple[float, float]:
+        """The step time's range under the hardware profile's stated uncertainty."""
+        u = float(self.time["uncertainty"])
+        return self.step_s / (1 + u), self.step_s * (1 + u)
 
     def utilisation(self, peak_flops: float) -> dict[str, float]:
         """MFU (model FLOPs) and HFU (executed FLOPs, recompute included) against a peak."""

@@ -27,6 +27,11 @@ def prediction_rows(p: Prediction) -> list[tuple[str, str, str]]:
     rows = [("fits in memory", "yes" if p.fits else p.does_not_fit(), "")]
     rows += [
         ("step time", fmt_s(float(t["step_s"])), "step_time_s"),
+        (
+            f"  range (hardware uncertainty ±{100 * float(t['uncertainty']):.0f} %)",
+            " – ".join(fmt_s(v) for v in p.step_range_s()),
+            "",
+        ),
         ("  forward+backward", fmt_s(float(t["forward_backward_s"])), "forward_backward_s"),
         ("  optimizer (+ clip, small all-reduces)", fmt_s(float(t["optimizer_s"])), "optimizer_s"),
         ("  data wait", fmt_s(float(t["data_wait_s"])), "data_wait_s"),
