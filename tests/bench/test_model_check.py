@@ -13,7 +13,7 @@ class Args:
     ac = "false,true"
     accum = "1,2"
     profile_dir = Path("/profiles")
-    profile = "box"
+    profile = "box_w{world}"
     overrides: list[str] = ["trainer.lr=1e-3"]
 
 
@@ -27,7 +27,7 @@ def test_the_grid_is_every_combination():
 def test_each_run_uses_the_measured_profile_and_its_cell():
     o = overrides_for(Args(), "gpt_125m", 4, True, 2)
     assert "hydra.searchpath=[file:///profiles]" in o
-    assert "hardware=box" in o
+    assert "hardware=box_w4" in o  # the profile measured for the run's world size
     assert {"cluster.tasks_per_node=4", "parallel.activation_checkpointing=true"} <= set(o)
     assert {"trainer.grad_accum=2", "data.seq_len=64", "trainer.lr=1e-3"} <= set(o)
 

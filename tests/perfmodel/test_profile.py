@@ -51,6 +51,13 @@ def test_latency_and_bandwidth_from_two_message_sizes():
     assert bandwidth == pytest.approx(1e9)
 
 
+def test_bandwidth_through_fsdp_is_bytes_over_the_time_fsdp_adds():
+    # 1e8 B moved, FSDP added 1.2 s of which 0.2 s are per-call latency and overhead
+    assert profile.fsdp_bandwidth(1e8, 1.2, 0.2, raw=1e9) == pytest.approx(1e8)
+    assert profile.fsdp_bandwidth(1e8, 0.1, 0.2, raw=1e9) == 1e9  # lost in noise: raw
+    assert profile.fsdp_bandwidth(1e8, 0.02, 0.01, raw=1e9) == 1e9  # never above raw
+
+
 def test_rates_become_fractions_of_the_best_rate():
     table = profile.gemm_table([(64, 64, 64, "float32", 5e10)], {"float32": 1e11})
     assert table == [GemmPoint(64, 64, 64, "float32", 0.5)]

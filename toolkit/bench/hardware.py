@@ -23,10 +23,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from toolkit.config.hardware import HardwareConfig
-from toolkit.perfmodel import profile
+from toolkit.config.model import ModelConfig
+from toolkit.config.optim import OptimConfig
+from toolkit.config.parallel import ParallelConfig
+from toolkit.config.precision import PrecisionConfig
+from toolkit.distributed.fsdp import build_mesh, clip_grad_norm_, parallelize
+from toolkit.perfmodel import comm, kernels, profile
+from toolkit.perfmodel.model import Layout, fsdp_unit_collectives
+from toolkit.train.models import build_model
+from toolkit.train.models.blocks import Block
+from toolkit.train.optim import build_optimizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CPU_SIZES = (64, 256, 1024)
@@ -112,13 +122,24 @@ def elementwise_rate(device: torch.device, tokens: int, dim: int) -> float:
 def op_overhead(device: torch.device) -> float:
     """Seconds per op of the model's own block at a size where every kernel is trivial
     (dim 8, one token): forward + backward time / the ops the model counts per block."""
-    from toolkit.perfmodel import kernels
-    from toolkit.train.models.blocks import Block
-
     block = Block(8, 1, 4.0, 1e-5).to(device)
     x = torch.randn(1, 1, 8, device=device, requires_grad=True)
     secs = seconds_per_call(lambda: block(x).sum().backward(), device)
     return secs / (kernels.BLOCK_FORWARD_OPS * (1 + kernels.BACKWARD_OPS_FACTOR))
+
+
+def plain_and_sharded(
+    cfg: ModelConfig, device: torch.device, timer: Callable[..., float]
+) -> tuple[float, float, torch.nn.Module]:
+    """Seconds of one forward+backward on 4 tokens without and with FSDP2 over all ranks of
+    the process group, and the sharded model."""
+    tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
+    plain = build_model(cfg).to(device)
+    plain_s = timer(lambda: plain(tokens, tokens).backward(), device)
+    model = build_model(cfg).to(device)
+    par = ParallelConfig()
+    parallelize(model, build_mesh(par, device.type), par, PrecisionConfig())
+    return plain_s, timer(lambda: model(tokens, tokens).backward(), device), model
 
 
 def fsdp_overheads(device: torch.device, tmp: Path) -> tuple[float, float]:
@@ -126,29 +147,11 @@ def fsdp_overheads(device: torch.device, tmp: Path) -> tuple[float, float]:
     op of clipping + AdamW over sharded DTensor parameters), from a trivial model (dim 8,
     4 tokens) on a one-rank mesh: the forward+backward time with FSDP2 minus without, per
     unit all-gather/reduce-scatter; the clip + step time per op the model counts."""
-    import torch.distributed as dist
-
-    from toolkit.config.model import ModelConfig
-    from toolkit.config.optim import OptimConfig
-    from toolkit.config.parallel import ParallelConfig
-    from toolkit.config.precision import PrecisionConfig
-    from toolkit.distributed.fsdp import build_mesh, clip_grad_norm_, parallelize
-    from toolkit.perfmodel import kernels
-    from toolkit.perfmodel.model import Layout, fsdp_unit_collectives
-    from toolkit.train.models import build_model
-    from toolkit.train.optim import build_optimizer
-
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{tmp / 'opt'}", rank=0, world_size=1)
     try:
         cfg = ModelConfig(num_layers=2, dim=8, num_heads=1, vocab_size=16, max_seq_len=4)
-        tokens = torch.zeros(1, 4, dtype=torch.long, device=device)
-        plain = build_model(cfg).to(device)
-        plain_s = seconds_per_call(lambda: plain(tokens, tokens).backward(), device)
-        model = build_model(cfg).to(device)
-        par = ParallelConfig()
-        parallelize(model, build_mesh(par, device.type), par, PrecisionConfig())
-        sharded_s = seconds_per_call(lambda: model(tokens, tokens).backward(), device)
+        plain_s, sharded_s, model = plain_and_sharded(cfg, device, seconds_per_call)
         optimizer = build_optimizer(model, OptimConfig())
 
         def step() -> None:
@@ -191,8 +194,6 @@ def host_device(device: torch.device, numel: int) -> float:
 
 
 def _allgather_worker(rank: int, world: int, init: str, backend: str, out: str) -> None:
-    import torch.distributed as dist
-
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
@@ -212,12 +213,47 @@ def _allgather_worker(rank: int, world: int, init: str, backend: str, out: str) 
         sync(device)
         secs = (time.perf_counter() - t0) / iters
         points.append((shard.numel() * 4 * (world - 1), secs))
+    fsdp = fsdp_path(device)
     if rank == 0:
-        Path(out).write_text(repr(points))
+        Path(out).write_text(repr({"allgather": points, "fsdp": fsdp}))
     dist.destroy_process_group()
 
 
-def allgather_points(world: int, cuda: bool, tmp: Path) -> list[tuple[float, float]]:
+def timed_fixed(fn: Callable[[], object], device: torch.device, iters: int = 3) -> float:
+    """Seconds per call over a fixed count (collectives: every rank must call as often)."""
+    fn()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / iters
+
+
+def fsdp_path(device: torch.device) -> tuple[float, float, float]:
+    """(bytes each rank receives, collective calls, extra seconds) of one forward+backward
+    of a 2-layer dim-1024 model on 4 tokens with FSDP2 over all ranks, against the same
+    model unsharded: the collectives as FSDP2 runs them (copy-in/out, gloo or NCCL, the
+    reduce-scatter's reduction), with the compute negligible and subtracted."""
+    cfg = ModelConfig(num_layers=2, dim=1024, num_heads=8, vocab_size=256, max_seq_len=8)
+    plain_s, sharded_s, _ = plain_and_sharded(cfg, device, timed_fixed)
+    c = comm.communication(
+        cfg,
+        shard_size=dist.get_world_size(),
+        replicate=1,
+        grad_accum=1,
+        param_dtype="float32",
+        reduce_dtype="float32",
+        reshard_after_forward=True,
+    )
+    return (
+        c["allgather_bytes"] + c["reduce_scatter_bytes"],
+        c["allgather_calls"] + c["reduce_scatter_calls"],
+        max(0.0, sharded_s - plain_s),
+    )
+
+
+def collective_points(world: int, cuda: bool, tmp: Path) -> dict[str, object]:
     import torch.multiprocessing as mp
 
     init = f"file://{tmp / 'store'}"
@@ -252,12 +288,18 @@ def measure(world: int, name: str, dtypes: list[str]) -> tuple[HardwareConfig, l
         torch.set_num_threads(1)
     h2d = host_device(device, 64 << 20)
     latency, link = 2.0e-5, bandwidth
+    raw_link = link
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         fsdp_overhead, optimizer_overhead = fsdp_overheads(device, Path(tmp))
         if world > 1:
-            latency, link = profile.latency_bandwidth(allgather_points(world, cuda, Path(tmp)))
+            points = collective_points(world, cuda, Path(tmp))
+            latency, raw_link = profile.latency_bandwidth(points["allgather"])  # type: ignore[arg-type]
+            fsdp_bytes, calls, extra_s = points["fsdp"]  # type: ignore[misc]
+            link = profile.fsdp_bandwidth(
+                fsdp_bytes, extra_s, calls * (latency + fsdp_overhead), raw_link
+            )
     if cuda:
         memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
     else:
@@ -293,7 +335,8 @@ def measure(world: int, name: str, dtypes: list[str]) -> tuple[HardwareConfig, l
     comments = [
         f"Hardware profile of {host} ({device_name}), measured {when}.",
         f"Peaks = best GEMM of the grid; memory copy {mem['copy']:.3e} B/s, triad {mem['triad']:.3e} B/s;",
-        f"all-gather over {world} local ranks (latency, bandwidth) = ({latency:.2e} s, {link:.3e} B/s);"
+        f"all-gather over {world} local ranks: latency {latency:.2e} s, raw bandwidth "
+        f"{raw_link:.3e} B/s; bandwidth through FSDP2 (used) {link:.3e} B/s;"
         if world > 1
         else "no collective measured (--world 1): links set to the memory bandwidth.",
         "inter_node_* are NOT measured here (one node): edit them for multi-node predictions.",

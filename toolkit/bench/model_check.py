@@ -49,7 +49,7 @@ def overrides_for(
         f"parallel.activation_checkpointing={str(ac).lower()}",
         f"trainer.grad_accum={accum}",
         f"hydra.searchpath=[file://{args.profile_dir.resolve()}]",
-        f"hardware={args.profile}",
+        f"hardware={args.profile.format(world=world)}",
         *args.overrides,
     ]
 
@@ -79,7 +79,12 @@ HEADER = (
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m toolkit.bench.model_check")
     p.add_argument("--profile-dir", type=Path, required=True, help="DIR of DIR/hardware/NAME.yaml")
-    p.add_argument("--profile", required=True, help="NAME of the measured profile")
+    p.add_argument(
+        "--profile",
+        required=True,
+        help="NAME of the measured profile; {world} is replaced by the run's world size "
+        "(collectives are measured for one world size)",
+    )
     p.add_argument("--models", default="gpt_tiny,gpt_small,gpt_125m")
     p.add_argument("--worlds", default="1,2,4")
     p.add_argument("--ac", default="false,true")

@@ -31,6 +31,16 @@ def latency_bandwidth(points: list[tuple[float, float]]) -> tuple[float, float]:
     return t0, bandwidth
 
 
+def fsdp_bandwidth(bytes_received: float, extra_s: float, fixed_s: float, raw: float) -> float:
+    """Bandwidth of the collectives as FSDP2 runs them: bytes over the extra time FSDP2 adds
+    to a step, less the per-call latency and overhead (`fixed_s`); never above the raw
+    collective's bandwidth, and the raw one when the difference is lost in noise."""
+    moving_s = extra_s - fixed_s
+    if moving_s <= 0 or bytes_received <= 0:
+        return raw
+    return min(raw, bytes_received / moving_s)
+
+
 def gemm_table(
     rates: list[tuple[int, int, int, str, float]], peaks: dict[str, float]
 ) -> list[GemmPoint]:
