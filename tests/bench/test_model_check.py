@@ -38,3 +38,10 @@ def test_a_profile_is_required(capsys):
     except SystemExit as exc:
         assert exc.code == 2
     assert "--profile-dir" in capsys.readouterr().err
+
+
+def test_a_missing_profile_is_one_line_before_anything_runs(tmp_path, capsys):
+    code = main(["--profile-dir", str(tmp_path), "--profile", "none", "--models", "gpt_tiny"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none.yaml: cannot read the hardware profile" in err[0]

@@ -95,7 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     from toolkit.bench.train import main as bench
+    from toolkit.config.errors import ConfigError
+    from toolkit.config.hardware import load_profile
 
+    names = {args.profile.format(world=w) for _, w, _, _ in grid(args)}
+    try:  # every profile complete and valid before anything runs
+        for name in sorted(names):
+            load_profile(args.profile_dir / "hardware" / f"{name}.yaml")
+    except ConfigError as exc:
+        print("\n".join(f"error: {line}" for line in exc.problems), file=sys.stderr)
+        return 2
     out = (args.out or Path("outputs/model_check") / time.strftime("%Y-%m-%d/%H-%M-%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     lines, summaries = [HEADER], []
