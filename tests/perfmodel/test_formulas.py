@@ -5,12 +5,10 @@ without reading toolkit/perfmodel/model.py."""
 
 from __future__ import annotations
 
-import pytest
-
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
-from toolkit.perfmodel import Layout, predict
-from toolkit.perfmodel.model import communication, flops, memory, memory_traffic, roofline
+from toolkit.perfmodel import Layout
+from toolkit.perfmodel.model import communication, flops, memory
 
 GPT_TINY = ModelConfig(
     name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256, max_seq_len=256
@@ -75,20 +73,23 @@ def test_flops_gpt_tiny():
     assert f["flops_per_token"] == 888576
     assert f["model_flops_per_step"] == 888576 * 2048 == 1_819_803_648
     assert f["recompute_flops_per_step"] == 0  # no activation checkpointing
-    assert f["executed_flops_per_rank"] == 1_819_803_648 / 2
+    # executed: causal attention runs half of 12*L*d*S: 691968 + 98304 = 790272 per token
+    assert f["executed_flops_per_step"] == 790272 * 2048
+    assert f["executed_flops_per_rank"] == 790272 * 2048 / 2
 
 
 def test_flops_gpt_small_with_activation_checkpointing():
     # N = 1969536 - 147456 = 1822080
     # per token = 6*1822080 + 12*4*192*256 = 10932480 + 2359296 = 13291776
+    # executed per token (causal: half the attention) = 10932480 + 1179648 = 12112128
     # recompute per token = forward of every block again: 2 * 4 * 443136 = 3545088
-    #                       + forward attention 4*L*d*S = 4*4*192*256 = 786432   -> 4331520
+    #   + causal forward attention, half of 4*L*d*S = 4*4*192*256 / 2 = 393216  -> 3938304
     # tokens per step = 4 * 2 accum * 4 ranks * 256 = 8192
     f = flops(GPT_SMALL, SMALL_LAYOUT)
     assert f["flops_per_token"] == 13291776
     assert f["model_flops_per_step"] == 13291776 * 8192 == 108_886_228_992
-    assert f["recompute_flops_per_step"] == 4331520 * 8192
-    assert f["executed_flops_per_rank"] == (13291776 + 4331520) * 8192 / 4 == 36_092_510_208
+    assert f["recompute_flops_per_step"] == 3938304 * 8192
+    assert f["executed_flops_per_rank"] == (12112128 + 3938304) * 8192 / 4 == 32_871_284_736
 
 
 def test_memory_gpt_tiny_fsdp_fp32():
@@ -140,15 +141,19 @@ def test_memory_gpt_small_hsdp_bf16_checkpointed():
     # + one block recomputed (17 units) + final norm in/out (2 units) = 23 units = 9043968
     assert m["activations_bytes"] == 23 * 393216 == 9043968
     assert m["logits_bytes"] == 1024 * 256 * 12 == 3145728
-    # backward: params + AdamW + gathered + activations + max(loss, block staging)
-    # 3939072 + 7878144 + 2166528 + 9043968 + 3145728 = 26173440
-    assert m["backward_peak_bytes"] == 26173440
+    # grad_accum=2: FSDP2 keeps every unsharded gradient in reduce_dtype (fp32) across
+    # micro-steps: 1969536 * 4 = 7878144
+    assert m["accumulated_grads_bytes"] == 7878144
+    # backward: params + AdamW + gathered + activations + accumulated + max(loss, staging)
+    # 3939072 + 7878144 + 2166528 + 9043968 + 7878144 + 3145728 = 34051584
+    assert m["backward_peak_bytes"] == 34051584
     # end of backward: params + AdamW + block grads (4 * 443136 * 4 B / 2 = 3545088)
     # + root staging: 3939072 + 7878144 + 3545088 + 1181952 = 16544256
     assert m["end_of_backward_peak_bytes"] == 16544256
     # optimizer: 3 * 3939072 + 7878144 = 19695360
     assert m["optimizer_peak_bytes"] == 19695360
-    assert m["peak_bytes"] == 26173440
+    assert m["peak_bytes"] == 34051584
+    assert m["largest_term"] == "activations_bytes"
 
 
 def test_activation_checkpointing_shrinks_activations():
@@ -179,33 +184,3 @@ def test_no_reshard_keeps_blocks_gathered_and_skips_backward_allgather():
     assert memory(GPT_TINY, layout)["allgather_bytes"] == 148096 * 4
     # forward only: 148096 * 4 B * 1/2
     assert communication(GPT_TINY, layout)["allgather_bytes"] == 148096 * 2
-
-
-def test_roofline_gpt_small_h100():
-    f = flops(GPT_SMALL, SMALL_LAYOUT)
-    m = memory(GPT_SMALL, SMALL_LAYOUT)
-    c = communication(GPT_SMALL, SMALL_LAYOUT)
-    traffic = memory_traffic(GPT_SMALL, SMALL_LAYOUT, m)
-    # forward/backward traffic: 2 micro-steps * (3 * 1969536 params * 2 B + 2 * 9043968)
-    assert traffic["forward_backward_bytes"] == 2 * (11817216 + 18087936) == 59810304
-    # AdamW: 7 fp32 words per local parameter: 7 * 4 * 984768 = 27573504
-    assert traffic["optimizer_bytes"] == 27573504
-    t = roofline(f, traffic, c, H100, "bfloat16")
-    compute = 36_092_510_208 / 989e12  # 36.5 us
-    mem = 59810304 / 3.35e12  # 17.9 us
-    comm = 10536960 / 450e9 + 3939072 / 50e9  # 23.4 us + 78.8 us = 102.2 us
-    opt = 27573504 / 3.35e12  # 8.2 us
-    assert t["compute_s"] == pytest.approx(compute)
-    assert t["memory_s"] == pytest.approx(mem)
-    assert t["communication_s"] == pytest.approx(comm)
-    # communication exceeds compute: overlapped up to max(compute, comm), optimizer after.
-    assert t["step_s"] == pytest.approx(comm + opt)
-    assert t["dominant"] == "communication"
-
-
-def test_prediction_tiny_on_cpu_is_compute_bound():
-    p = predict(GPT_TINY, TINY_LAYOUT, CPU)
-    # 909901824 FLOPs per rank at 1e11 FLOP/s = 9.1 ms; memory 1.0 ms; comm 0.07 ms
-    assert p.step_s == pytest.approx(909_901_824 / 1e11 + p.time["optimizer_s"])
-    assert p.dominant == "compute"
-    assert p.tokens_per_s == pytest.approx(2048 / p.step_s)

@@ -21,7 +21,7 @@ from toolkit.config.compose import load_job
 from toolkit.config.shape import micro_batch_size
 from toolkit.events import read_steps
 from toolkit.perfmodel import Prediction, predict_job
-from toolkit.perfmodel.model import PHASE_OF_TERM
+from toolkit.perfmodel.model import PHASE_OF_TERM, TERMS
 from toolkit.redact import redact_text
 from toolkit.train.flops import flops_per_token
 
@@ -98,6 +98,16 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
         "predicted_tokens_per_s": prediction.tokens_per_s,
         "predicted_peak_memory_bytes": prediction.memory["peak_bytes"],
         "predicted_dominant": prediction.dominant,
+        "predicted_fits": prediction.fits,
+        **{
+            f"predicted_{k}": v
+            for k, v in prediction.utilisation(
+                job.hardware.peak_flops(job.precision.param_dtype)
+            ).items()
+        },
+        **{f"predicted_{t}_s": prediction.time[f"{t}_s"] for t in TERMS},
+        "predicted_forward_backward_s": prediction.time["forward_backward_s"],
+        "predicted_optimizer_s": prediction.time["optimizer_s"],
         "step_time_ratio": stats["step_time_s_median"] / prediction.step_s,
         "dominant_match": predicted_phase == stats["measured_dominant"],
         "stop_reason": run_summary.get("stop_reason"),

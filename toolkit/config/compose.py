@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import os
 import re
+import sys
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,6 +83,17 @@ def override_problems(overrides: list[str]) -> list[str]:
         name, _, value = item.lstrip("+~").partition("=")
         problems += control_problem(name, value) or control_problem("override", name)
     return problems
+
+
+def job_or_none(overrides: list[str]) -> JobConfig | None:
+    """The typed job for these overrides, or None after printing each problem as one
+    `error:` line on stderr (for CLIs that compose a job without launching it)."""
+    try:
+        return to_job(compose_raw(overrides))
+    except ConfigError as exc:
+        for line in exc.problems:
+            print(f"error: {line}", file=sys.stderr)
+        return None
 
 
 def to_job(cfg: DictConfig) -> JobConfig:

@@ -11,8 +11,7 @@ import argparse
 import json
 import sys
 
-from toolkit.config.compose import compose_raw, to_job
-from toolkit.config.errors import ConfigError
+from toolkit.config.compose import job_or_none
 from toolkit.perfmodel.job import predict_job
 
 
@@ -22,11 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", type=int, default=None, help="world size (default: cluster)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        job = to_job(compose_raw(args.overrides))
-    except ConfigError as exc:
-        for line in exc.problems:
-            print(f"error: {line}", file=sys.stderr)
+    job = job_or_none(args.overrides)
+    if job is None:
         return 2
     if args.world is not None and args.world < 1:
         print(f"error: --world={args.world}: must be >= 1", file=sys.stderr)

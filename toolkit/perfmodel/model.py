@@ -1,24 +1,18 @@
 """The analytic performance model: pure arithmetic, no torch, no I/O.
 
-Given a model shape, the batch, the precision, the FSDP2/HSDP layout and the hardware's peak
-numbers, predict per optimizer step and per rank:
+Given a model shape, the batch, the precision, the FSDP2/HSDP layout and a hardware profile
+(peaks plus achievable fractions, links, latencies), predict per optimizer step and per rank:
 
-* FLOPs (model FLOPs from toolkit.train.flops, plus the recomputed forward under activation
-  checkpointing),
-* memory under FSDP2 (sharded fp32 parameters, gradients and AdamW state; unsharded
-  all-gather buffers; gradient staging for the reduce-scatter; saved activations; the
-  cross-entropy working set over the logits), as the larger of two phases — the start of
-  backward and the optimizer step,
-* communication bytes (all-gather in forward and, with reshard_after_forward, again in
-  backward; reduce-scatter of gradients; for HSDP the all-reduce across replica groups),
-* a roofline step time.
+* FLOPs: model FLOPs (PaLM convention, for MFU) and executed FLOPs (causal attention runs
+  about half of full attention; the recomputed forward under activation checkpointing), HFU;
+* memory under FSDP2 as the largest of three moments (start of backward, end of backward,
+  optimizer step), including the unsharded gradients FSDP2 keeps across micro-steps when
+  grad_accum > 1; a layout whose peak exceeds the device memory "does not fit";
+* communication (toolkit.perfmodel.comm): bytes, calls, latency, rails, exposure;
+* time by term (toolkit.perfmodel.kernels): GEMMs at their shape's achievable rate, causal
+  attention, non-GEMM kernels by bytes, per-op overhead, exposed communication, optimizer.
 
-Overlap assumption: forward/backward runs at the roofline max(FLOPs / peak, bytes / bandwidth);
-FSDP's collectives overlap with it, so they cost max(compute, communication); the optimizer
-step is memory-bound and runs after backward, not overlapped. Data loading is assumed hidden
-by prefetching (predicted data wait: 0).
-
-    step_s = max(forward_backward_s, communication_s) + optimizer_s
+    step_s = gemm + attention + elementwise + overhead + exposed communication + optimizer
 
 Everything is per rank unless the name says `global`.
 """
@@ -26,10 +20,13 @@ Everything is per rank unless the name says `global`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
-from toolkit.train.flops import block_params, flops_per_token, param_counts
+from toolkit.perfmodel import comm as comm_model
+from toolkit.perfmodel import kernels
+from toolkit.train.flops import block_params, flops_per_token, matmul_params, param_counts
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FP32 = 4
@@ -67,25 +64,36 @@ class Layout:
 
 
 # -- FLOPs -------------------------------------------------------------------------------------
-def recompute_flops_per_token(model: ModelConfig, seq_len: int) -> float:
-    """Activation checkpointing recomputes each block's forward: 2 FLOPs per block parameter
-    per token plus the forward third of the attention term (4 L d S)."""
+def executed_flops_per_token(model: ModelConfig, seq_len: int) -> float:
+    """FLOPs the kernels execute per token, forward + backward: 6 per matmul parameter plus
+    causal attention, about half of full attention's 12*L*d*S."""
+    return 6.0 * matmul_params(model) + 0.5 * 12.0 * model.num_layers * model.dim * seq_len
+
+
+def causal_recompute_flops_per_token(model: ModelConfig, seq_len: int) -> float:
+    """The recomputed forward as executed: 2 per block parameter + half of 4*L*d*S."""
     return 2.0 * model.num_layers * block_params(model.dim, model.mlp_ratio) + (
-        4.0 * model.num_layers * model.dim * seq_len
+        0.5 * 4.0 * model.num_layers * model.dim * seq_len
     )
 
 
 def flops(model: ModelConfig, layout: Layout) -> dict[str, float]:
+    """Model FLOPs (PaLM: full attention, no recompute; what MFU counts) and executed FLOPs
+    (causal attention, recompute included; what HFU counts)."""
     per_token = flops_per_token(model, layout.seq_len)
     tokens = layout.tokens_per_step
     recompute = (
-        recompute_flops_per_token(model, layout.seq_len) if layout.activation_checkpointing else 0.0
+        causal_recompute_flops_per_token(model, layout.seq_len)
+        if layout.activation_checkpointing
+        else 0.0
     )
+    executed = executed_flops_per_token(model, layout.seq_len) + recompute
     return {
         "flops_per_token": per_token,
         "model_flops_per_step": per_token * tokens,
         "recompute_flops_per_step": recompute * tokens,
-        "executed_flops_per_rank": (per_token + recompute) * tokens / layout.world_size,
+        "executed_flops_per_step": executed * tokens,
+        "executed_flops_per_rank": executed * tokens / layout.world_size,
     }
 
 
@@ -109,7 +117,9 @@ def output_width(model: ModelConfig) -> int:
     return model.vocab_size if model.kind == "gpt" else model.num_series
 
 
-def memory(model: ModelConfig, layout: Layout) -> dict[str, float]:
+def memory(
+    model: ModelConfig, layout: Layout, capacity_bytes: float = float("inf")
+) -> dict[str, Any]:
     """Bytes per rank. Sharded state is fp32 (the model is built in fp32; FSDP2 keeps the
     sharded parameters in their original dtype and casts to param_dtype for compute)."""
     p_bytes = DTYPE_BYTES[layout.param_dtype]
@@ -151,11 +161,30 @@ def memory(model: ModelConfig, layout: Layout) -> dict[str, float]:
     #   gradient staging (the root is reduced last; the largest unit for big vocabularies);
     # - optimizer step: gradients still alive (zero_grad(set_to_none=True) frees them after
     #   the step); foreach AdamW holds about one parameter-shard-sized temporary.
-    backward_peak = params + optimizer + allgather + activations + max(logits, block_staging)
+    # With grad_accum > 1 FSDP2 keeps every unit's unsharded gradient (in reduce_dtype) from
+    # the first micro-step until the final one reduces it.
+    accumulated = total * r_bytes if layout.grad_accum > 1 else 0.0
+    backward_peak = (
+        params + optimizer + allgather + activations + accumulated + max(logits, block_staging)
+    )
     block_grads = (total - root) * FP32 / shard
     end_of_backward_peak = params + optimizer + block_grads + root_staging
     optimizer_peak = params + grads + optimizer + params
+    terms = {
+        "params_bytes": params,
+        "grads_bytes": grads,
+        "optimizer_bytes": optimizer,
+        "allgather_bytes": allgather,
+        "accumulated_grads_bytes": accumulated,
+        "activations_bytes": activations,
+        "logits_bytes": logits,
+    }
+    peak = max(backward_peak, end_of_backward_peak, optimizer_peak)
     return {
+        "accumulated_grads_bytes": accumulated,
+        "capacity_bytes": capacity_bytes,
+        "fits": float(peak <= capacity_bytes),
+        "largest_term": max(terms, key=lambda k: terms[k]),
         "params_bytes": params,
         "grads_bytes": grads,
         "optimizer_bytes": optimizer,
@@ -169,108 +198,120 @@ def memory(model: ModelConfig, layout: Layout) -> dict[str, float]:
         "backward_peak_bytes": backward_peak,
         "end_of_backward_peak_bytes": end_of_backward_peak,
         "optimizer_peak_bytes": optimizer_peak,
-        "peak_bytes": max(backward_peak, end_of_backward_peak, optimizer_peak),
-    }
-
-
-# -- communication -----------------------------------------------------------------------------
-def communication(model: ModelConfig, layout: Layout) -> dict[str, float]:
-    """Bytes each rank receives per optimizer step (ring algorithms: a rank receives
-    (n-1)/n of the gathered or reduced buffer; all-reduce moves twice that)."""
-    p_bytes = DTYPE_BYTES[layout.param_dtype]
-    r_bytes = DTYPE_BYTES[layout.reduce_dtype]
-    total = param_counts(model)["total"]
-    block = block_params(model.dim, model.mlp_ratio)
-    n = layout.shard_size
-    frac = (n - 1) / n if n > 1 else 0.0
-    # Forward: every unit is gathered once per micro-step. Backward (reshard_after_forward):
-    # every block but the last (kept gathered) is gathered again; the root is not resharded.
-    backward_gathered = (model.num_layers - 1) * block if layout.reshard_after_forward else 0
-    allgather = layout.grad_accum * (total + backward_gathered) * p_bytes * frac
-    # Gradients are reduced once per step (non-final micro-steps skip the reduce-scatter).
-    reduce_scatter = total * r_bytes * frac
-    r = layout.replicate
-    cross = 2.0 * (r - 1) / r * total / n * r_bytes if r > 1 else 0.0
-    within = allgather + reduce_scatter
-    intra = within if layout.shard_within_node else 0.0
-    inter = (0.0 if layout.shard_within_node else within) + cross
-    return {
-        "allgather_bytes": allgather,
-        "reduce_scatter_bytes": reduce_scatter,
-        "replica_allreduce_bytes": cross,
-        "intra_node_bytes": intra,
-        "inter_node_bytes": inter,
+        "peak_bytes": peak,
     }
 
 
 # -- time --------------------------------------------------------------------------------------
-def memory_traffic(model: ModelConfig, layout: Layout, mem: dict[str, float]) -> dict[str, float]:
-    """Bytes moved through device memory per rank and step (a lower bound, as rooflines are).
-
-    Forward/backward: parameters read once in forward and twice in backward per micro-step,
-    saved activations written once and read once. Optimizer: AdamW reads parameter, gradient
-    and both moments and writes parameter and both moments (7 fp32 words per parameter)."""
-    p_bytes = DTYPE_BYTES[layout.param_dtype]
-    total = param_counts(model)["total"]
-    per_micro = 3 * total * p_bytes + 2 * mem["activations_bytes"]
-    return {
-        "forward_backward_bytes": layout.grad_accum * per_micro,
-        "optimizer_bytes": 7 * FP32 * total / layout.shard_size,
-    }
-
-
-def roofline(
-    flop: dict[str, float],
-    traffic: dict[str, float],
-    comm: dict[str, float],
-    hw: HardwareConfig,
-    param_dtype: str,
-) -> dict[str, float | str]:
-    compute_s = flop["executed_flops_per_rank"] / hw.peak_flops(param_dtype)
-    fb_memory_s = traffic["forward_backward_bytes"] / hw.memory_bandwidth
-    comm_s = (
-        comm["intra_node_bytes"] / hw.intra_node_bandwidth
-        + comm["inter_node_bytes"] / hw.inter_node_bandwidth
+def communication(model: ModelConfig, layout: Layout) -> dict[str, float]:
+    """Bytes and calls per rank and step (see toolkit.perfmodel.comm), split by link."""
+    c = comm_model.communication(
+        model,
+        shard_size=layout.shard_size,
+        replicate=layout.replicate,
+        grad_accum=layout.grad_accum,
+        param_dtype=layout.param_dtype,
+        reduce_dtype=layout.reduce_dtype,
+        reshard_after_forward=layout.reshard_after_forward,
     )
-    optimizer_s = traffic["optimizer_bytes"] / hw.memory_bandwidth
-    forward_backward_s = max(compute_s, fb_memory_s)
-    step_s = max(forward_backward_s, comm_s) + optimizer_s
+    within = c["allgather_bytes"] + c["reduce_scatter_bytes"]
+    c["intra_node_bytes"] = within if layout.shard_within_node else 0.0
+    c["inter_node_bytes"] = (0.0 if layout.shard_within_node else within) + c[
+        "replica_allreduce_bytes"
+    ]
+    return c
+
+
+def fsdp_unit_collectives(model: ModelConfig, layout: Layout) -> int:
+    """Unit all-gathers and reduce-scatters FSDP2 runs per step, whatever the world size
+    (copy-in/copy-out happen even on one rank)."""
+    units = model.num_layers + 1
+    regathered = model.num_layers - 1 if layout.reshard_after_forward else 0
+    return layout.grad_accum * (units + regathered) + units
+
+
+def step_time(
+    model: ModelConfig,
+    layout: Layout,
+    hw: HardwareConfig,
+    comm: dict[str, float],
+) -> dict[str, float | str]:
+    """Seconds per step by term; `forward_backward_s` and `optimizer_s` are the phases a step
+    record measures."""
+    tokens = layout.micro_batch_size * layout.seq_len
+    width = output_width(model)
+    dtype = layout.param_dtype
+    act_bytes = DTYPE_BYTES[dtype]
+    ac = layout.activation_checkpointing
+    speed = kernels.rank_speed(hw, layout.ranks_per_node)
+    slowdown = kernels.overhead_slowdown(hw, layout.ranks_per_node)
+    accum = layout.grad_accum
+    gemm_s = accum * kernels.gemm_time(model, tokens, width, dtype, hw, ac) / speed
+    attention_s = accum * kernels.attention_time(model, tokens, layout.seq_len, dtype, hw, ac)
+    attention_s /= speed
+    elementwise_bw = hw.memory_bandwidth * hw.elementwise_fraction * speed
+    elementwise_s = accum * kernels.elementwise_bytes(model, tokens, width, act_bytes, ac)
+    elementwise_s /= elementwise_bw
+    overhead_s = slowdown * (
+        accum * kernels.ops_per_micro_step(model, ac) * hw.op_overhead_s
+        + fsdp_unit_collectives(model, layout) * hw.fsdp_collective_overhead_s
+    )
+    compute_s = gemm_s + attention_s + elementwise_s + overhead_s
+    link = comm_model.links(hw, layout.shard_size, layout.ranks_per_node)
+    ct = comm_model.communication_time(comm, link, compute_s, hw.comm_overlap)
+    local_params = param_counts(model)["total"] / layout.shard_size
+    optimizer_s = (
+        kernels.optimizer_bytes(local_params) / (hw.memory_bandwidth * speed)
+        + kernels.optimizer_ops(model) * hw.optimizer_op_overhead_s * slowdown
+        + ct["small_allreduce_s"]
+    )
+    forward_backward_s = compute_s + ct["exposed_s"]
     terms = {
-        "compute": compute_s,
-        "memory": fb_memory_s,
-        "communication": comm_s,
+        "gemm": gemm_s,
+        "attention": attention_s,
+        "elementwise": elementwise_s,
+        "overhead": overhead_s,
+        "communication": ct["exposed_s"],
         "optimizer": optimizer_s,
     }
     return {
+        **{f"{k}_s": v for k, v in terms.items()},
         "compute_s": compute_s,
-        "memory_s": fb_memory_s,
-        "communication_s": comm_s,
-        "optimizer_s": optimizer_s,
-        "forward_backward_s": max(forward_backward_s, comm_s),
+        "communication_total_s": ct["total_s"],
+        "first_allgather_s": ct["first_allgather_s"],
+        "last_reduce_scatter_s": ct["last_reduce_scatter_s"],
+        "forward_backward_s": forward_backward_s,
         "data_wait_s": 0.0,
-        "step_s": step_s,
+        "step_s": forward_backward_s + optimizer_s,
+        "uncertainty": hw.uncertainty,
         "dominant": max(terms, key=lambda k: terms[k]),
     }
 
 
 # Which measured phase of a StepRecord each model term lands in.
 PHASE_OF_TERM = {
-    "compute": "forward_backward_s",
-    "memory": "forward_backward_s",
+    "gemm": "forward_backward_s",
+    "attention": "forward_backward_s",
+    "elementwise": "forward_backward_s",
+    "overhead": "forward_backward_s",
     "communication": "forward_backward_s",
     "optimizer": "optimizer_s",
 }
+TERMS = tuple(PHASE_OF_TERM)
 
 
 @dataclass(frozen=True)
 class Prediction:
     flops: dict[str, float]
-    memory: dict[str, float]
+    memory: dict[str, Any]
     communication: dict[str, float]
-    traffic: dict[str, float]
     time: dict[str, float | str]
     tokens_per_step: int
     world_size: int
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.memory["fits"])
 
     @property
     def step_s(self) -> float:
@@ -282,25 +323,57 @@ class Prediction:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens_per_step / self.step_s if self.step_s > 0 else 0.0
+        """0 for a layout that does not fit: it has no throughput."""
+        return self.tokens_per_step / self.step_s if self.fits and self.step_s > 0 else 0.0
+
+    def step_range_s(self) -> tuple[float, float]:
+        """The step time's range under the hardware profile's stated uncertainty."""
+        u = float(self.time["uncertainty"])
+        return self.step_s / (1 + u), self.step_s * (1 + u)
+
+    def utilisation(self, peak_flops: float) -> dict[str, float]:
+        """MFU (model FLOPs) and HFU (executed FLOPs, recompute included) against a peak."""
+        if not self.fits or self.step_s <= 0:
+            return {"mfu": 0.0, "hfu": 0.0}
+        denominator = self.step_s * self.world_size * peak_flops
+        return {
+            "mfu": self.flops["model_flops_per_step"] / denominator,
+            "hfu": self.flops["executed_flops_per_step"] / denominator,
+        }
+
+    def does_not_fit(self) -> str:
+        """'' when it fits, else one line: the peak, the capacity and the largest term."""
+        if self.fits:
+            return ""
+        m = self.memory
+        term = str(m["largest_term"])
+        return (
+            f"does not fit: peak {m['peak_bytes'] / 2**30:,.2f} GiB > "
+            f"{m['capacity_bytes'] / 2**30:,.2f} GiB per device; largest term "
+            f"{term.removesuffix('_bytes')} {m[term] / 2**30:,.2f} GiB"
+        )
 
     def as_dict(self) -> dict[str, object]:
         return {
             "flops": self.flops,
             "memory": self.memory,
             "communication": self.communication,
-            "traffic": self.traffic,
             "time": self.time,
             "tokens_per_step": self.tokens_per_step,
             "tokens_per_s": self.tokens_per_s,
             "world_size": self.world_size,
+            "fits": self.fits,
         }
+
+
+def device_capacity(hw: HardwareConfig, ranks_per_node: int) -> float:
+    """Memory one rank may use: the device's, or on CPU the node's RAM shared by its ranks."""
+    return hw.memory_bytes / ranks_per_node if hw.cores_per_node > 0 else hw.memory_bytes
 
 
 def predict(model: ModelConfig, layout: Layout, hw: HardwareConfig) -> Prediction:
     flop = flops(model, layout)
-    mem = memory(model, layout)
+    mem = memory(model, layout, device_capacity(hw, layout.ranks_per_node))
     comm = communication(model, layout)
-    traffic = memory_traffic(model, layout, mem)
-    time = roofline(flop, traffic, comm, hw, layout.param_dtype)
-    return Prediction(flop, mem, comm, traffic, time, layout.tokens_per_step, layout.world_size)
+    time = step_time(model, layout, hw, comm)
+    return Prediction(flop, mem, comm, time, layout.tokens_per_step, layout.world_size)

@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from toolkit.perfmodel.model import Prediction
+from toolkit.perfmodel.model import TERMS, Prediction
 
 GIB = 2**30
 
@@ -24,14 +24,21 @@ def fmt_s(s: float) -> str:
 def prediction_rows(p: Prediction) -> list[tuple[str, str, str]]:
     """(quantity, predicted, key in a measured dict) rows; the key is '' when not measured."""
     t, m, c, f = p.time, p.memory, p.communication, p.flops
-    return [
+    rows = [("fits in memory", "yes" if p.fits else p.does_not_fit(), "")]
+    rows += [
         ("step time", fmt_s(float(t["step_s"])), "step_time_s"),
+        (
+            f"  range (hardware uncertainty ±{100 * float(t['uncertainty']):.0f} %)",
+            " – ".join(fmt_s(v) for v in p.step_range_s()),
+            "",
+        ),
         ("  forward+backward", fmt_s(float(t["forward_backward_s"])), "forward_backward_s"),
-        ("  optimizer", fmt_s(float(t["optimizer_s"])), "optimizer_s"),
+        ("  optimizer (+ clip, small all-reduces)", fmt_s(float(t["optimizer_s"])), "optimizer_s"),
         ("  data wait", fmt_s(float(t["data_wait_s"])), "data_wait_s"),
-        ("  compute term", fmt_s(float(t["compute_s"])), ""),
-        ("  memory term", fmt_s(float(t["memory_s"])), ""),
-        ("  communication term", fmt_s(float(t["communication_s"])), ""),
+    ]
+    rows += [(f"  {name} term", fmt_s(float(t[f"{name}_s"])), "") for name in TERMS]
+    rows += [
+        ("  communication, all calls", fmt_s(float(t["communication_total_s"])), ""),
         ("dominant term", p.dominant, "dominant"),
         ("tokens/s (all ranks)", f"{p.tokens_per_s:,.0f}", "tokens_per_s"),
         ("model FLOPs / step", f"{f['model_flops_per_step']:.3e}", ""),
@@ -45,12 +52,14 @@ def prediction_rows(p: Prediction) -> list[tuple[str, str, str]]:
         ),
         ("  all-gather buffers", fmt_bytes(m["allgather_bytes"]), ""),
         ("  grad staging", fmt_bytes(m["staging_bytes"]), ""),
+        ("  accumulated grads (grad_accum > 1)", fmt_bytes(m["accumulated_grads_bytes"]), ""),
         ("  activations", fmt_bytes(m["activations_bytes"]), ""),
         ("  logits / loss", fmt_bytes(m["logits_bytes"]), ""),
         ("all-gather / rank", fmt_bytes(c["allgather_bytes"]), ""),
         ("reduce-scatter / rank", fmt_bytes(c["reduce_scatter_bytes"]), ""),
         ("replica all-reduce / rank", fmt_bytes(c["replica_allreduce_bytes"]), ""),
     ]
+    return rows
 
 
 def format_measured(key: str, value: Any) -> str:

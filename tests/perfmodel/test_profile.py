@@ -1,0 +1,84 @@
+"""Hardware profiles: the loader's validation, the measurement arithmetic, the presets."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from toolkit.config.compose import compose_raw, to_job
+from toolkit.config.errors import ConfigError
+from toolkit.config.hardware import GemmPoint, HardwareConfig, load_profile, problems
+from toolkit.perfmodel import profile
+
+
+def write_profile(tmp_path, hw: HardwareConfig, drop: str = ""):
+    text = profile.profile_yaml(hw, ["test profile"])
+    if drop:
+        text = "\n".join(line for line in text.splitlines() if not line.startswith(f"{drop}:"))
+    path = tmp_path / "measured.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_written_profile_loads_back_equal(tmp_path):
+    hw = HardwareConfig(
+        name="box", cores_per_node=2, matmul=[GemmPoint(64, 64, 64, "float32", 0.5)]
+    )
+    assert load_profile(write_profile(tmp_path, hw)) == hw
+
+
+def test_a_profile_missing_a_field_is_one_line(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_profile(write_profile(tmp_path, HardwareConfig(), drop="memory_bandwidth"))
+    assert len(err.value.problems) == 1
+    assert "missing field(s) memory_bandwidth" in err.value.problems[0]
+
+
+def test_a_profile_with_a_bad_fraction_names_the_entry(tmp_path):
+    hw = HardwareConfig(matmul=[GemmPoint(64, 64, 64, "float32", 1.5)])
+    with pytest.raises(ConfigError) as err:
+        load_profile(write_profile(tmp_path, hw))
+    assert err.value.problems == [
+        f"{tmp_path / 'measured.yaml'}: hardware.matmul[0].fraction=1.5: must be in (0, 1]"
+    ]
+
+
+def test_latency_and_bandwidth_from_two_message_sizes():
+    # 1 kB in 0.1 ms, 1 MB in 1.099 ms: slope 0.999 ms / 999 kB = 1 ns/B -> 1 GB/s
+    latency, bandwidth = profile.latency_bandwidth([(1e6, 1.099e-3), (1e3, 1e-4)])
+    assert latency == 1e-4
+    assert bandwidth == pytest.approx(1e9)
+
+
+def test_bandwidth_through_fsdp_is_bytes_over_the_time_fsdp_adds():
+    # 1e8 B moved, FSDP added 1.2 s of which 0.2 s are per-call latency and overhead
+    assert profile.fsdp_bandwidth(1e8, 1.2, 0.2, raw=1e9) == pytest.approx(1e8)
+    assert profile.fsdp_bandwidth(1e8, 0.1, 0.2, raw=1e9) == 1e9  # lost in noise: raw
+    assert profile.fsdp_bandwidth(1e8, 0.02, 0.01, raw=1e9) == 1e9  # never above raw
+
+
+def test_rates_become_fractions_of_the_best_rate():
+    table = profile.gemm_table([(64, 64, 64, "float32", 5e10)], {"float32": 1e11})
+    assert table == [GemmPoint(64, 64, 64, "float32", 0.5)]
+    # 8 heads, S=128, h=64: QK^T and AV 2*128*128*64 each = 4194304 forward, x3 with
+    # backward, causal half: 0.5 * 3 * 2 * 2097152 * 8 = 50331648
+    assert profile.causal_sdpa_flops(8, 128, 64) == 50331648
+
+
+@pytest.mark.parametrize("name", ["a100", "h100", "h200", "cpu"])
+def test_presets_validate_and_gpu_presets_carry_fraction_tables(name):
+    hw = to_job(compose_raw([f"hardware={name}"])).hardware
+    assert problems(hw) == []
+    assert hw.source
+    if name != "cpu":
+        assert hw.matmul and hw.attention and hw.nics_per_node == 8
+        assert hw.matmul_fraction(8192, 8192, 8192, "bfloat16") < 1.0
+
+
+def test_every_number_must_be_positive():
+    bad = dataclasses.replace(HardwareConfig(), memory_bandwidth=0.0, op_overhead_s=-1.0)
+    assert problems(bad) == [
+        "hardware.memory_bandwidth=0.0: must be > 0",
+        "hardware.op_overhead_s=-1.0: must be >= 0",
+    ]

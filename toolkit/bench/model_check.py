@@ -1,0 +1,141 @@
+"""`python -m toolkit.bench.model_check --profile-dir DIR --profile NAME [grid options]`: the
+performance model against measured step times, over a grid of configurations.
+
+For every combination of --models x --worlds x --ac x --accum it runs the training benchmark
+(`python -m toolkit.bench.train`, local ranks) with the measured hardware profile, then prints
+one markdown table: measured and predicted step time (median), their ratio, the measured
+phase split (forward+backward / optimizer) beside the predicted one, and the predicted
+per-term split. The table also goes to OUT/model_check.md, every run's summary to
+OUT/model_check.json. A benchmark command, not a test: it measures and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from toolkit.perfmodel.model import TERMS
+
+# Per-model overrides that keep one step within seconds on a CPU (gpt_125m: its 50k
+# vocabulary head dominates at sequence 64, micro-batch 2).
+MODEL_OVERRIDES = {
+    "gpt_tiny": ["data.seq_len=128", "trainer.micro_batch_size=8"],
+    "gpt_small": ["data.seq_len=128", "trainer.micro_batch_size=8"],
+    "gpt_125m": ["data.seq_len=64", "trainer.micro_batch_size=2"],
+}
+
+
+def grid(args: argparse.Namespace) -> list[tuple[str, int, bool, int]]:
+    return [
+        (model, world, ac, accum)
+        for model in args.models.split(",")
+        for world in (int(w) for w in args.worlds.split(","))
+        for ac in (v == "true" for v in args.ac.split(","))
+        for accum in (int(a) for a in args.accum.split(","))
+    ]
+
+
+def overrides_for(
+    args: argparse.Namespace, model: str, world: int, ac: bool, accum: int
+) -> list[str]:
+    return [
+        f"model={model}",
+        *MODEL_OVERRIDES.get(model, []),
+        f"cluster.tasks_per_node={world}",
+        f"parallel.activation_checkpointing={str(ac).lower()}",
+        f"trainer.grad_accum={accum}",
+        f"hydra.searchpath=[file://{args.profile_dir.resolve()}]",
+        f"hardware={args.profile.format(world=world)}",
+        *args.overrides,
+    ]
+
+
+def row(summary: dict[str, Any], model: str, world: int, ac: bool, accum: int) -> str:
+    ms = 1000.0
+    measured, predicted = summary["step_time_s_median"], summary["predicted_step_s"]
+    terms = " / ".join(f"{summary[f'predicted_{t}_s'] * ms:,.1f}" for t in TERMS)
+    return (
+        f"| {model} | {world} | {'yes' if ac else 'no'} | {accum} "
+        f"| {measured * ms:,.1f} ({summary['step_time_s_p10'] * ms:,.0f}–"
+        f"{summary['step_time_s_p90'] * ms:,.0f}) | {predicted * ms:,.1f} "
+        f"| {measured / predicted:.2f} "
+        f"| {summary['forward_backward_s'] * ms:,.1f} / {summary['optimizer_s'] * ms:,.1f} "
+        f"| {summary['predicted_forward_backward_s'] * ms:,.1f} / "
+        f"{summary['predicted_optimizer_s'] * ms:,.1f} | {terms} |"
+    )
+
+
+HEADER = (
+    "| model | ranks | AC | accum | measured ms median (p10–p90) | predicted ms "
+    "| measured / predicted | measured fwd+bwd / optimizer ms "
+    "| predicted fwd+bwd / optimizer ms | predicted " + " / ".join(TERMS) + " ms |\n|" + "---|" * 10
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m toolkit.bench.model_check")
+    p.add_argument("--profile-dir", type=Path, required=True, help="DIR of DIR/hardware/NAME.yaml")
+    p.add_argument(
+        "--profile",
+        required=True,
+        help="NAME of the measured profile; {world} is replaced by the run's world size "
+        "(collectives are measured for one world size)",
+    )
+    p.add_argument("--models", default="gpt_tiny,gpt_small,gpt_125m")
+    p.add_argument("--worlds", default="1,2,4")
+    p.add_argument("--ac", default="false,true")
+    p.add_argument("--accum", default="1,2")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("overrides", nargs="*")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    from toolkit.bench.train import main as bench
+    from toolkit.config.errors import ConfigError
+    from toolkit.config.hardware import load_profile
+
+    names = {args.profile.format(world=w) for _, w, _, _ in grid(args)}
+    try:  # every profile complete and valid before anything runs
+        for name in sorted(names):
+            load_profile(args.profile_dir / "hardware" / f"{name}.yaml")
+    except ConfigError as exc:
+        print("\n".join(f"error: {line}" for line in exc.problems), file=sys.stderr)
+        return 2
+    out = (args.out or Path("outputs/model_check") / time.strftime("%Y-%m-%d/%H-%M-%S")).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    lines, summaries = [HEADER], []
+    for model, world, ac, accum in grid(args):
+        run = out / f"{model}-w{world}-ac{int(ac)}-a{accum}"
+        code = bench(
+            [
+                "--warmup",
+                str(args.warmup),
+                "--steps",
+                str(args.steps),
+                "--out",
+                str(run),
+                *overrides_for(args, model, world, ac, accum),
+            ]
+        )
+        result = run / "bench" / "result.json"
+        if code != 0 or not result.exists():
+            lines.append(f"| {model} | {world} | {ac} | {accum} | failed (exit {code}) |")
+            continue
+        summary = json.loads(result.read_text())
+        summaries.append(summary)
+        lines.append(row(summary, model, world, ac, accum))
+        (out / "model_check.md").write_text("\n".join(lines) + "\n")  # after every run
+    (out / "model_check.json").write_text(json.dumps(summaries) + "\n")
+    print("\n".join(lines))
+    ratios = [s["step_time_s_median"] / s["predicted_step_s"] for s in summaries]
+    within = sum(0.75 <= r <= 1.25 for r in ratios)
+    print(f"{within} of {len(ratios)} within +-25 %; table: {out / 'model_check.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""FSDP2/HSDP communication per rank and step: bytes, calls, time and what stays exposed.
+
+Ring collectives: a rank receives (n-1)/n of a gathered or reduced buffer; an all-reduce
+moves twice that. Each call costs a latency plus bytes / bandwidth. Inter-node bandwidth per
+rank is per-NIC bandwidth x NICs per node / ranks per node (rails).
+
+Exposure: the first all-gathers of each micro-step (the root unit and the first block, nothing
+to hide behind yet) and the last reduce-scatter of the step (the root's, after the last
+gradient) are exposed; the rest hides behind compute up to `comm_overlap` x the compute time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolkit.config.hardware import HardwareConfig
+from toolkit.config.model import ModelConfig
+from toolkit.train.flops import block_params, param_counts
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+SMALL_ALL_REDUCES = 2  # the grad norm's and the loss/stop-vote all-reduce of every step
+
+
+@dataclass(frozen=True)
+class Links:
+    """Per-rank bandwidth (bytes/s) and per-call latency (s) of the shard and replica groups."""
+
+    shard_bandwidth: float
+    shard_latency_s: float
+    replica_bandwidth: float
+    replica_latency_s: float
+
+
+def inter_node_bandwidth_per_rank(hw: HardwareConfig, ranks_per_node: int) -> float:
+    """A node's ranks share its NICs: per-NIC bandwidth x NICs / ranks on the node."""
+    return hw.inter_node_bandwidth * hw.nics_per_node / max(1, ranks_per_node)
+
+
+def links(hw: HardwareConfig, shard_size: int, ranks_per_node: int) -> Links:
+    inter = inter_node_bandwidth_per_rank(hw, ranks_per_node)
+    within = shard_size <= ranks_per_node
+    return Links(
+        shard_bandwidth=hw.intra_node_bandwidth if within else inter,
+        shard_latency_s=hw.intra_node_latency_s if within else hw.inter_node_latency_s,
+        replica_bandwidth=inter,
+        replica_latency_s=hw.inter_node_latency_s,
+    )
+
+
+def ring_fraction(n: int) -> float:
+    return (n - 1) / n if n > 1 else 0.0
+
+
+def collective_s(bytes_received: float, calls: float, bandwidth: float, latency_s: float) -> float:
+    return calls * latency_s + bytes_received / bandwidth
+
+
+def communication(
+    model: ModelConfig,
+    *,
+    shard_size: int,
+    replicate: int,
+    grad_accum: int,
+    param_dtype: str,
+    reduce_dtype: str,
+    reshard_after_forward: bool,
+) -> dict[str, float]:
+    """Bytes each rank receives and collective calls per optimizer step, by collective."""
+    p_bytes = DTYPE_BYTES[param_dtype]
+    r_bytes = DTYPE_BYTES[reduce_dtype]
+    total = param_counts(model)["total"]
+    block = block_params(model.dim, model.mlp_ratio)
+    root = total - model.num_layers * block
+    frac = ring_fraction(shard_size)
+    units = model.num_layers + 1
+    # Forward gathers every unit once per micro-step; with reshard_after_forward backward
+    # gathers every block but the last again (the last is kept, the root is not resharded).
+    regathered = model.num_layers - 1 if reshard_after_forward else 0
+    gathers = shard_size > 1
+    r = replicate
+    return {
+        "allgather_bytes": grad_accum * (total + regathered * block) * p_bytes * frac,
+        "allgather_calls": grad_accum * (units + regathered) if gathers else 0,
+        "first_allgather_bytes": grad_accum * (root + block) * p_bytes * frac,
+        "first_allgather_calls": 2 * grad_accum if gathers else 0,
+        # Gradients are reduced once per step (non-final micro-steps skip the reduce-scatter).
+        "reduce_scatter_bytes": total * r_bytes * frac,
+        "reduce_scatter_calls": units if gathers else 0,
+        "last_reduce_scatter_bytes": root * r_bytes * frac,
+        "replica_allreduce_bytes": 2.0 * (r - 1) / r * total / shard_size * r_bytes if r > 1 else 0,
+        "replica_allreduce_calls": units if r > 1 else 0,
+        "small_allreduce_calls": SMALL_ALL_REDUCES if shard_size * r > 1 else 0,
+    }
+
+
+def communication_time(
+    comm: dict[str, float], link: Links, compute_s: float, overlap: float
+) -> dict[str, float]:
+    """Seconds per step: every collective, the part that cannot overlap, and the exposed
+    total (first gathers + last reduce-scatter + what compute cannot hide)."""
+    shard_bw, shard_lat = link.shard_bandwidth, link.shard_latency_s
+    allgather = collective_s(comm["allgather_bytes"], comm["allgather_calls"], shard_bw, shard_lat)
+    reduce_scatter = collective_s(
+        comm["reduce_scatter_bytes"], comm["reduce_scatter_calls"], shard_bw, shard_lat
+    )
+    replica = collective_s(
+        comm["replica_allreduce_bytes"],
+        comm["replica_allreduce_calls"],
+        link.replica_bandwidth,
+        link.replica_latency_s,
+    )
+    first = collective_s(
+        comm["first_allgather_bytes"], comm["first_allgather_calls"], shard_bw, shard_lat
+    )
+    last = collective_s(
+        comm["last_reduce_scatter_bytes"],
+        1 if comm["reduce_scatter_calls"] else 0,
+        shard_bw,
+        shard_lat,
+    )
+    small = comm["small_allreduce_calls"] * max(
+        shard_lat, link.replica_latency_s if comm["replica_allreduce_calls"] else 0.0
+    )
+    total = allgather + reduce_scatter + replica
+    rest = max(0.0, total - first - last)
+    hidden = min(rest, overlap * compute_s)
+    return {
+        "allgather_s": allgather,
+        "reduce_scatter_s": reduce_scatter,
+        "replica_allreduce_s": replica,
+        "small_allreduce_s": small,
+        "total_s": total + small,
+        "first_allgather_s": first,
+        "last_reduce_scatter_s": last,
+        "exposed_s": first + last + rest - hidden,  # the small all-reduces count in optimizer
+    }

@@ -1,0 +1,256 @@
+"""`python -m toolkit.plan [--top K] [--cost PRICES.yaml --tokens N] [--check K] [OVERRIDE ...]`:
+recommend a layout for a fixed global batch, and its cost.
+
+Enumerates the layouts the toolkit runs for the configured model, hardware, cluster and
+global batch (FSDP or HSDP replicate sizes, micro-batch x accumulation, activation
+checkpointing, reshard_after_forward), drops those the performance model says do not fit,
+ranks the rest by predicted tokens/s and prints the top K with the dominant term and the
+overrides that run each.
+
+--cost PRICES.yaml (a mapping hardware preset -> price per device-hour, written by the user;
+no price is built in) prints the time and cost to train --tokens N tokens with the best layout
+on every priced preset, the cheapest first. --check K runs the top K plans locally for a few
+steps through the training benchmark and prints predicted vs measured, and whether the
+predicted order holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.config.hardware import HardwareConfig
+from toolkit.config.job import JobConfig
+from toolkit.config.model import ModelConfig
+from toolkit.config.shape import global_batch_size, tasks_per_node, world_size
+from toolkit.perfmodel import Layout, Prediction, predict
+
+
+@dataclass(frozen=True)
+class Plan:
+    layout: Layout
+    prediction: Prediction
+
+    def overrides(self) -> list[str]:
+        lay = self.layout
+        return [
+            f"trainer.micro_batch_size={lay.micro_batch_size}",
+            f"trainer.grad_accum={lay.grad_accum}",
+            f"parallel.replicate={lay.replicate}",
+            f"parallel.activation_checkpointing={str(lay.activation_checkpointing).lower()}",
+            f"parallel.reshard_after_forward={str(lay.reshard_after_forward).lower()}",
+        ]
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(base: Layout, global_batch: int) -> list[Layout]:
+    """Every layout of `global_batch` sequences on base.world_size ranks: replicate groups
+    (replicas never split a node's shard group unless the group spans nodes), micro-batch x
+    accumulation, activation checkpointing and reshard_after_forward."""
+    world = base.world_size
+    if global_batch % world:
+        return []
+    per_rank = global_batch // world
+    found = []
+    for replicate in divisors(world):
+        for accum in divisors(per_rank):
+            for ac in (False, True):
+                for reshard in (True, False):
+                    found.append(
+                        dataclasses.replace(
+                            base,
+                            replicate=replicate,
+                            micro_batch_size=per_rank // accum,
+                            grad_accum=accum,
+                            activation_checkpointing=ac,
+                            reshard_after_forward=reshard,
+                        )
+                    )
+    return found
+
+
+def rank_plans(
+    model: ModelConfig, base: Layout, hw: HardwareConfig, global_batch: int
+) -> tuple[list[Plan], int]:
+    """(plans that fit, fastest first; how many did not fit)."""
+    plans = [Plan(lay, predict(model, lay, hw)) for lay in layouts(base, global_batch)]
+    fitting = [p for p in plans if p.prediction.fits]
+    fitting.sort(key=lambda p: -p.prediction.tokens_per_s)
+    return fitting, len(plans) - len(fitting)
+
+
+def base_layout(job: JobConfig) -> Layout:
+    ranks_per_node = job.cluster.gpus_per_node or tasks_per_node(job.cluster)
+    return Layout(
+        world_size=job.cluster.nodes * ranks_per_node,
+        ranks_per_node=ranks_per_node,
+        micro_batch_size=1,
+        grad_accum=1,
+        seq_len=job.data.seq_len,
+        param_dtype=job.precision.param_dtype,
+        reduce_dtype=job.precision.reduce_dtype,
+    )
+
+
+def job_global_batch(job: JobConfig, world: int) -> int:
+    return job.trainer.global_batch_size or global_batch_size(job.trainer, world)
+
+
+def cost_rows(
+    model: ModelConfig,
+    base: Layout,
+    global_batch: int,
+    presets: dict[str, HardwareConfig],
+    prices: dict[str, float],
+    tokens: float,
+) -> list[dict[str, object]]:
+    """Per priced preset: the best layout's tokens/s, hours and cost for `tokens`; cheapest
+    first, presets where nothing fits last."""
+    rows: list[dict[str, object]] = []
+    for name, price in prices.items():
+        plans, _ = rank_plans(model, base, presets[name], global_batch)
+        if not plans:
+            rows.append({"hardware": name, "fits": False})
+            continue
+        best = plans[0]
+        hours = tokens / best.prediction.tokens_per_s / 3600.0
+        rows.append(
+            {
+                "hardware": name,
+                "fits": True,
+                "tokens_per_s": best.prediction.tokens_per_s,
+                "hours": hours,
+                "device_hours": hours * base.world_size,
+                "cost": hours * base.world_size * price,
+                "overrides": best.overrides(),
+            }
+        )
+    rows.sort(key=lambda r: (not r["fits"], r.get("cost", 0.0)))
+    return rows
+
+
+def rank_agreement(predicted: list[float], measured: list[float]) -> bool:
+    """Whether the measured tokens/s keep the predicted order (fastest first)."""
+    order = sorted(range(len(measured)), key=lambda i: -measured[i])
+    return order == sorted(range(len(predicted)), key=lambda i: -predicted[i])
+
+
+def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{title}: {len(plans)} layouts fit, {dropped} do not")
+    for col in ("#", "tokens/s", "range", "step", "dominant", "peak mem/rank", "overrides"):
+        table.add_column(col)
+    for i, p in enumerate(plans[:top], 1):
+        pr = p.prediction
+        table.add_row(
+            str(i),
+            f"{pr.tokens_per_s:,.0f}",
+            " – ".join(f"{pr.tokens_per_step / s:,.0f}" for s in reversed(pr.step_range_s())),
+            f"{pr.step_s * 1000:,.1f} ms",
+            pr.dominant,
+            f"{pr.memory['peak_bytes'] / 2**30:,.2f} GiB",
+            " ".join(p.overrides()),
+        )
+    Console(width=220).print(table)
+
+
+def check(plans: list[Plan], overrides: list[str], k: int, steps: int) -> int:
+    """Run the top k plans locally through the training benchmark; print predicted vs
+    measured and whether the order holds."""
+    import json
+    import tempfile
+
+    from toolkit.bench.train import main as bench
+
+    predicted, measured = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, p in enumerate(plans[:k]):
+            out = Path(tmp) / str(i)
+            code = bench(
+                [
+                    "--warmup",
+                    "2",
+                    "--steps",
+                    str(steps),
+                    "--out",
+                    str(out),
+                    *overrides,
+                    *p.overrides(),
+                ]
+            )
+            if code != 0:
+                print(f"plan {i + 1}: the run failed (exit {code})", file=sys.stderr)
+                return code
+            result = json.loads((out / "bench.json").read_text())
+            predicted.append(p.prediction.tokens_per_s)
+            measured.append(result["tokens_per_s"])
+    print("plan | predicted tokens/s | measured tokens/s | measured/predicted")
+    for i, (pr, me) in enumerate(zip(predicted, measured, strict=True), 1):
+        print(f"{i} | {pr:,.0f} | {me:,.0f} | {me / pr:.2f}")
+    print(f"predicted order {'holds' if rank_agreement(predicted, measured) else 'does not hold'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.plan")
+    parser.add_argument("--top", type=int, default=5)
+    parser.add_argument("--cost", type=Path, default=None, help="YAML: preset -> $/device-hour")
+    parser.add_argument("--tokens", type=float, default=1e9, help="tokens to train (--cost)")
+    parser.add_argument("--check", type=int, default=0, help="run the top K plans locally")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps per --check run")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from omegaconf import OmegaConf
+
+    from toolkit.config.compose import compose_raw, group_options, job_or_none, to_job
+
+    job = job_or_none(args.overrides)
+    if job is None:
+        return 2
+    base = base_layout(job)
+    batch = job_global_batch(job, world_size(job.cluster))
+    plans, dropped = rank_plans(job.model, base, job.hardware, batch)
+    title = (
+        f"{job.model.name} on {base.world_size} x {job.hardware.name}, global batch {batch} "
+        f"x {base.seq_len} tokens"
+    )
+    print_plans(plans, dropped, args.top, title)
+    if not plans:
+        print("no layout fits in memory")
+    if args.cost is not None:
+        prices = OmegaConf.to_container(OmegaConf.load(args.cost))
+        unknown = [n for n in prices if n not in group_options("hardware")]  # type: ignore[union-attr]
+        if not isinstance(prices, dict) or unknown:
+            print(f"error: {args.cost}: hardware presets {unknown} unknown", file=sys.stderr)
+            return 2
+        presets = {
+            n: to_job(compose_raw([*args.overrides, f"hardware={n}"])).hardware for n in prices
+        }
+        rows = cost_rows(
+            job.model, base, batch, presets, {k: float(v) for k, v in prices.items()}, args.tokens
+        )
+        print(f"cost to train {args.tokens:.3g} tokens on {base.world_size} devices:")
+        for r in rows:
+            if not r["fits"]:
+                print(f"  {r['hardware']}: no layout fits")
+                continue
+            print(
+                f"  {r['hardware']}: {r['tokens_per_s']:,.0f} tokens/s, {r['hours']:,.1f} h, "
+                f"{r['device_hours']:,.0f} device-h, cost {r['cost']:,.0f} "
+                f"({' '.join(r['overrides'])})"  # type: ignore[arg-type]
+            )
+    if args.check:
+        return check(plans, args.overrides, args.check, args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
