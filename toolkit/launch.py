@@ -22,6 +22,7 @@ from toolkit.config.cluster import check_run_dir
 from toolkit.config.compose import compose_raw, job_to_dict, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import RuntimeCheck, validate
+from toolkit.data.manifest import DataError
 from toolkit.executors import PreparedRun, get_executor
 from toolkit.nccl.checks import check_job as nccl_problems
 from toolkit.redact import redact
@@ -133,7 +134,7 @@ def prepare_in_allocation(overrides: list[str], environ: dict[str, str]) -> Path
         return run.run_dir  # requeued: keep the config (and checkpoints) of the first start
     choices = OmegaConf.to_container(cfgs[0].hydra.runtime.choices)
     write_run_dir(run, choices)
-    prepare_data(run.job.data, run.job.model.num_series)
+    prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
     return run.run_dir
 
 
@@ -144,6 +145,9 @@ def compose_in_allocation(overrides: list[str]) -> int:
     except ConfigError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
+        return 2
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(run_dir)
     return 0
@@ -178,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
             OmegaConf.to_container(cfg.hydra.runtime.choices) if "runtime" in cfg.hydra else {}
         )
         if not run.job.launch.dry_run:
+            try:  # once, before any rank starts: a bad dataset fails here, in one line
+                prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
+            except DataError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             write_run_dir(run, choices)
-            prepare_data(run.job.data, run.job.model.num_series)  # once, before any rank starts
     kinds = {run.job.cluster.kind for run in runs}
     if len(kinds) != 1:
         print(

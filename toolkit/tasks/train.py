@@ -4,6 +4,7 @@ place that sees the whole job config inside a rank."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -16,6 +17,7 @@ from toolkit.config.job import JobConfig
 from toolkit.config.shape import micro_batch_size
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import build_mesh, local_param_bytes, parallelize
+from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
 from toolkit.telemetry.sink import build_telemetry_sinks
@@ -72,6 +74,39 @@ def write_shard_info(model: torch.nn.Module, path: Path) -> None:
     )
 
 
+def build_loaders(
+    job: JobConfig, plan: BatchPlan, device: torch.device, run_dir: Path, env: DistEnv
+):
+    """Training and validation loaders, and the validation metric besides the loss.
+
+    data=returns: multi-process loading of a dataset (toolkit.data), normalised with the
+    training period's statistics (saved in the run dir, and in checkpoints with the loader's
+    state), validated by information coefficient. A bad dataset is the user's to fix: one
+    line (the launcher has usually caught it already)."""
+    if job.data.kind == "returns":
+        from toolkit.data.loader import SamplePlan
+        from toolkit.data.loader import build_loaders as build_dataset_loaders
+        from toolkit.data.manifest import DataError
+        from toolkit.train.metrics import rank_ic
+
+        try:
+            train, val = build_dataset_loaders(
+                job.data,
+                SamplePlan(**dataclasses.asdict(plan)),
+                job.model.num_series,
+                job.model.num_targets,
+                pin_memory=job.data.pin_memory and device.type == "cuda",
+                run_dir=run_dir if env.is_rank0 else None,
+            )
+        except DataError as exc:
+            raise UserError(str(exc), EXIT_CHECKPOINT_UNUSABLE) from exc
+        return train, val, rank_ic
+    sources = open_sources(job.data, job.model.vocab_size)
+    loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)
+    val_plan = dataclasses.replace(plan, grad_accum=1)
+    return loader, Loader(sources["val"], val_plan, prefetch=0, split="val"), None
+
+
 def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
     torch.manual_seed(job.seed)
     model = build_model(job.model)
@@ -98,10 +133,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         world_size=world,
         rank=env.rank,
     )
-    sources = open_sources(job.data, job.model.vocab_size, job.model.num_series)
-    loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)
-    val_plan = BatchPlan(job.seed, job.data.seq_len, plan.micro_batch_size, 1, world, env.rank)
-    val_loader = Loader(sources["val"], val_plan, prefetch=0, split="val")
+    loader, val_loader, eval_metric = build_loaders(job, plan, device, run_dir, env)
 
     optimizer = build_optimizer(model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.trainer.steps)
@@ -119,6 +151,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         val_loader=val_loader,
         grad_clip=job.optim.grad_clip,
         fault=job.fault,
+        eval_metric=eval_metric,
     )
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer

@@ -1,0 +1,228 @@
+"""Multi-process batches of dataset samples under the training loop's Loader contract
+(toolkit.train.data: `next(loader)` -> (step, micro-batches), state_dict, .plan, close).
+
+Why torch's DataLoader workers and not a pool of our own: the batch of step s is a pure
+function of (seed, s) (toolkit.data.samples.SampleOrder), so a map-style dataset indexed by
+step gives in-order delivery, pinned-memory batches, worker start-up and error propagation
+for free, and workers hold no state worth saving: the position is the next step. Resuming
+(or resharding) rebuilds the DataLoader at that step.
+
+Rank r takes, for micro-step m, the slice [(m * world + r) * micro, +micro) of the step's
+global batch, as text data does: with a fixed global batch the samples a step sees do not
+depend on the world size, nor on the number of workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from toolkit.config.data import DataConfig
+from toolkit.data.manifest import DataError
+from toolkit.data.reader import DatasetReader
+from toolkit.data.samples import Normalisation, Period, SampleOrder, SampleSpec, fit_normalisation
+from toolkit.data.training import Opened, open_dataset
+
+NEVER = 1 << 62  # the step sampler's end: training stops by step count, not by the sampler
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """The same fields as toolkit.train.data.BatchPlan, so Trainer can re-split it."""
+
+    seed: int
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+    world_size: int
+    rank: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.world_size
+
+
+class Windows:
+    """Cuts normalised (inputs, target) samples of one split out of a dataset reader."""
+
+    def __init__(
+        self,
+        reader: DatasetReader,
+        spec: SampleSpec,
+        period: Period,
+        features: list[int],
+        norm: Normalisation,
+        order: SampleOrder,
+    ):
+        self.reader = reader
+        self.spec = spec
+        self.anchors = period.anchors(spec)
+        self.features = features
+        self.norm = norm
+        self.order = order
+        self.num_instruments = reader.manifest.shape[1]
+
+    def sample(self, sample_id: int) -> tuple[np.ndarray, np.ndarray]:
+        s = self.spec
+        per = self.num_instruments if s.mode == "per_instrument" else 1
+        a, instrument = divmod(int(sample_id), per)
+        t = self.anchors[a]
+        values, mask = self.reader.window(t - s.lookback + 1, t + s.horizon + 1)
+        if s.mode == "per_instrument":
+            values, mask = (
+                values[:, instrument : instrument + 1],
+                mask[:, instrument : instrument + 1],
+            )
+        mean, std = self.norm.arrays()
+        z = (values - mean) / std
+        inputs = np.where(mask, z, 0.0)[: s.lookback][:, :, self.features]
+        ahead = z[s.lookback :, :, s.target]
+        target = np.where(mask[s.lookback :, :, s.target].all(axis=0), ahead.sum(axis=0), np.nan)
+        return inputs.reshape(s.lookback, -1).astype(np.float32), target.astype(np.float32)
+
+    def batch(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        pairs = [self.sample(i) for i in ids]
+        x = torch.from_numpy(np.stack([p[0] for p in pairs]))
+        y = torch.from_numpy(np.stack([p[1] for p in pairs]))
+        return x, y
+
+
+class StepBatches(Dataset):
+    """Item s: this rank's micro-batches of step s."""
+
+    def __init__(self, windows: Windows, plan: SamplePlan):
+        self.windows = windows
+        self.plan = plan
+
+    def __getitem__(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        p = self.plan
+        g = p.global_batch_size
+        ids = self.windows.order.ids(step * g, (step + 1) * g)
+        out = []
+        for m in range(p.grad_accum):
+            lo = (m * p.world_size + p.rank) * p.micro_batch_size
+            out.append(self.windows.batch(ids[lo : lo + p.micro_batch_size]))
+        return out
+
+
+def _ignore_preemption_signals(_worker_id: int) -> None:
+    """Workers must survive SIGUSR2/SIGTERM: the training process handles them at a step
+    boundary (toolkit.executors.preemption) and closes the loader itself."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    torch.set_num_threads(1)
+
+
+class DatasetLoader:
+    def __init__(
+        self,
+        windows: Windows,
+        plan: SamplePlan,
+        num_workers: int = 2,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+    ):
+        self.windows = windows
+        self.plan = plan
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.pin_memory = pin_memory
+        self.next_step = 0
+        self._loader: DataLoader | None = None
+        self._iter = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "next_step": self.next_step,
+            "seed": self.plan.seed,
+            "normalisation": self.windows.norm.as_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The position, and the checkpoint's normalisation (so a resumed run scales its
+        inputs as the first run did, even if the data has grown since)."""
+        self.close()
+        self.next_step = int(state["next_step"])
+        if "normalisation" in state:
+            self.windows.norm = Normalisation.from_dict(state["normalisation"])
+
+    def batch(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Step `step`'s micro-batches, computed here (evaluation)."""
+        return StepBatches(self.windows, self.plan)[step]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+        if self._iter is None:
+            self._loader = DataLoader(
+                StepBatches(self.windows, self.plan),
+                batch_size=None,
+                sampler=range(self.next_step, NEVER),
+                num_workers=self.num_workers,
+                prefetch_factor=self.prefetch if self.num_workers else None,
+                pin_memory=self.pin_memory,
+                worker_init_fn=_ignore_preemption_signals if self.num_workers else None,
+                persistent_workers=False,
+            )
+            self._iter = iter(self._loader)
+        batches = next(self._iter)
+        step = self.next_step
+        self.next_step += 1
+        return step, batches
+
+    def close(self) -> None:
+        if self._iter is not None:
+            shutdown = getattr(self._iter, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            self._iter = None
+            self._loader = None
+
+
+def build_loaders(
+    cfg: DataConfig,
+    plan: SamplePlan,
+    num_series: int,
+    num_targets: int,
+    pin_memory: bool,
+    run_dir: Path | None = None,
+) -> tuple[DatasetLoader, DatasetLoader]:
+    """Training and validation loaders; normalisation from the training period only,
+    written to run_dir/data_normalisation.json when given."""
+    opened: Opened = open_dataset(cfg, num_series, num_targets)
+    norm = fit_normalisation(opened.reader, opened.periods["train"])
+    if run_dir is not None:
+        (run_dir / "data_normalisation.json").write_text(json.dumps(norm.as_dict(), indent=1))
+    loaders = []
+    for split in ("train", "val"):
+        period = opened.periods[split]
+        per = opened.reader.manifest.shape[1] if cfg.sample == "per_instrument" else 1
+        order = SampleOrder(
+            plan.seed,
+            split,
+            len(period.anchors(opened.spec)),
+            per,
+            opened.reader.manifest.chunk_len,
+            cfg.shuffle_chunks,
+        )
+        windows = Windows(opened.reader, opened.spec, period, opened.features, norm, order)
+        if split == "train":
+            loaders.append(
+                DatasetLoader(windows, plan, cfg.num_workers, max(cfg.prefetch, 1), pin_memory)
+            )
+        else:
+            val_plan = dataclasses.replace(plan, grad_accum=1)
+            loaders.append(DatasetLoader(windows, val_plan, 0, 1, False))
+    return loaders[0], loaders[1]
+
+
+__all__ = ["DataError", "DatasetLoader", "SamplePlan", "Windows", "build_loaders"]
