@@ -48,7 +48,7 @@ def write_dataset(
     times = np.asarray(times, dtype=np.int64)
     if t > 1 and not (np.diff(times) > 0).all():
         raise DataError(f"{out}: the time index is not strictly increasing; sort the source")
-    chunk_len = chunk_len or chunk_len_for(n, f)
+    chunk_len = min(chunk_len or chunk_len_for(n, f), max(t, 1))
     part_len = chunk_len * chunks_per_part
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))

@@ -1,0 +1,154 @@
+"""`python -m toolkit.data prepare SRC OUT`: convert CSV, Parquet or NumPy files into the
+dataset layout (toolkit.data.manifest), written under a temporary name and renamed at the end.
+
+Sources:
+- CSV or Parquet, long format: one row per (time, instrument), columns `time`, `instrument`
+  and one per feature; an empty cell or null is a missing value. SRC may be a directory of
+  such files (e.g. one per date); rows are pivoted to [time, instrument, feature].
+  A time column of dates or timestamps becomes days since 1970-01-01; integers stay as they are.
+- NumPy: a .npy of [time, instrument, feature] or [time, instrument] (NaN: missing), or a
+  .npz with `values` and optional `mask`, `times`, `instruments`, `features`.
+
+The chunk is [chunk_len, all instruments, all features] with chunk_len chosen for about
+1 MiB (toolkit.data.manifest.chunk_len_for): training reads windows of consecutive time
+steps, so a chunk holds whole cross-sections of consecutive time steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.data.manifest import DataError, Manifest
+from toolkit.data.writer import write_dataset
+
+SUFFIXES = (".csv", ".parquet", ".npy", ".npz")
+
+
+def source_files(src: Path) -> list[Path]:
+    if src.is_dir():
+        files = sorted(p for p in src.iterdir() if p.suffix in SUFFIXES)
+        if not files:
+            raise DataError(f"{src}: no {', '.join(SUFFIXES)} files in this directory")
+        kinds = {p.suffix for p in files}
+        if len(kinds) > 1:
+            raise DataError(f"{src}: mixes {', '.join(sorted(kinds))} files; use one kind")
+        return files
+    if not src.is_file():
+        raise DataError(f"{src}: no such file or directory")
+    if src.suffix not in SUFFIXES:
+        raise DataError(f"{src}: unknown kind of file; use one of {', '.join(SUFFIXES)}")
+    return [src]
+
+
+def _read_table(path: Path, time_column: str, instrument_column: str):
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:
+        table = pcsv.read_csv(path) if path.suffix == ".csv" else pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"{path}: cannot be read ({exc}); check the file") from exc
+    for column in (time_column, instrument_column):
+        if column not in table.column_names:
+            raise DataError(
+                f"{path}: no column {column!r}; it has {', '.join(table.column_names)} "
+                f"(use --time-column/--instrument-column)"
+            )
+    return table
+
+
+def _times_as_int(column) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_integer(column.type):
+        return column.to_numpy().astype(np.int64)
+    if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+        days = column.cast(pa.timestamp("s")).to_numpy().astype("datetime64[D]")
+        return days.astype(np.int64)
+    return np.asarray(column.to_pylist(), dtype="datetime64[D]").astype(np.int64)
+
+
+def from_long(
+    files: list[Path], time_column: str = "time", instrument_column: str = "instrument"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], list[str]]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    tables = [_read_table(p, time_column, instrument_column) for p in files]
+    features = [c for c in tables[0].column_names if c not in (time_column, instrument_column)]
+    for path, table in zip(files, tables, strict=True):
+        other = [c for c in table.column_names if c not in (time_column, instrument_column)]
+        if other != features:
+            raise DataError(
+                f"{path}: features {other} differ from {files[0]}'s {features}; use one schema"
+            )
+    table = pa.concat_tables(
+        [t.select([time_column, instrument_column, *features]) for t in tables],
+        promote_options="permissive",
+    )
+    t_raw = _times_as_int(table.column(time_column))
+    inst_raw = np.asarray(table.column(instrument_column).cast(pa.string()).to_pylist())
+    times, t_idx = np.unique(t_raw, return_inverse=True)
+    instruments, i_idx = np.unique(inst_raw, return_inverse=True)
+    if len(np.unique(t_idx * len(instruments) + i_idx)) != len(t_idx):
+        raise DataError(f"{files[0].parent}: a (time, instrument) pair appears twice; deduplicate")
+    values = np.full((len(times), len(instruments), len(features)), np.nan, np.float32)
+    mask = np.zeros(values.shape, np.uint8)
+    for j, feature in enumerate(features):
+        col = table.column(feature).cast(pa.float32())
+        values[t_idx, i_idx, j] = col.to_numpy(zero_copy_only=False)
+        mask[t_idx, i_idx, j] = pc.is_valid(col).to_numpy(zero_copy_only=False)
+    nan_observed = np.isnan(values) & mask.astype(bool)
+    mask[nan_observed] = 0  # a NaN cell in a source file is a missing value
+    return values, mask, times, [str(x) for x in instruments], features
+
+
+def from_numpy(path: Path):
+    if path.suffix == ".npy":
+        values = np.load(path)
+        extra: dict = {}
+    else:
+        with np.load(path, allow_pickle=False) as z:
+            extra = {k: z[k] for k in z.files}
+        if "values" not in extra:
+            raise DataError(
+                f"{path}: no 'values' array; the .npz needs values [time, instrument, feature]"
+            )
+        values = extra.pop("values")
+    if values.ndim == 2:
+        values = values[:, :, None]
+    if values.ndim != 3:
+        raise DataError(f"{path}: shape {values.shape}; expected [time, instrument, feature]")
+    t, n, f = values.shape
+    values = values.astype(np.float32)
+    mask = extra.get("mask")
+    mask = ~np.isnan(values) if mask is None else mask.astype(bool) & ~np.isnan(values)
+    times = extra.get("times", np.arange(t, dtype=np.int64))
+    instruments = [str(x) for x in extra.get("instruments", [f"I{i:05d}" for i in range(n)])]
+    features = [str(x) for x in extra.get("features", [f"f{j}" for j in range(f)])]
+    if f == 1 and "features" not in extra:
+        features = ["ret"]
+    return values, mask.astype(np.uint8), np.asarray(times, np.int64), instruments, features
+
+
+def prepare(
+    src: str | Path,
+    out: str | Path,
+    fmt: str = "hdf5",
+    chunk_len: int | None = None,
+    time_column: str = "time",
+    instrument_column: str = "instrument",
+) -> Manifest:
+    files = source_files(Path(src))
+    if files[0].suffix in (".npy", ".npz"):
+        if len(files) > 1:
+            raise DataError(f"{src}: one NumPy file at a time")
+        values, mask, times, instruments, features = from_numpy(files[0])
+    else:
+        values, mask, times, instruments, features = from_long(
+            files, time_column, instrument_column
+        )
+    return write_dataset(out, values, mask, times, instruments, features, fmt, chunk_len)
