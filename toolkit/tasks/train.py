@@ -53,7 +53,9 @@ def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list
     checkpoint = CheckpointHook(
         job.checkpoint,
         run_dir,
-        ConfigRecord.of(redact(job_to_dict(job))),  # each checkpoint's config.json, sink, job.fault
+        ConfigRecord.of(redact(job_to_dict(job))),  # each checkpoint's config.json
+        sink,
+        job.fault,
     )
     policy = RequeuePolicy(
         signal_name=job.cluster.signal,
