@@ -70,6 +70,11 @@ class Windows:
         self.order = order
         self.num_instruments = reader.manifest.shape[1]
 
+    def _scale(self) -> tuple[np.ndarray, np.ndarray]:
+        if getattr(self, "_scale_of", None) is not self.norm:  # a resume may replace norm
+            self._scale_of, self._scale_arrays = self.norm, self.norm.arrays()
+        return self._scale_arrays
+
     def sample(self, sample_id: int) -> tuple[np.ndarray, np.ndarray]:
         s = self.spec
         per = self.num_instruments if s.mode == "per_instrument" else 1
@@ -81,7 +86,7 @@ class Windows:
                 values[:, instrument : instrument + 1],
                 mask[:, instrument : instrument + 1],
             )
-        mean, std = self.norm.arrays()
+        mean, std = self._scale()
         z = (values - mean) / std
         inputs = np.where(mask, z, 0.0)[: s.lookback][:, :, self.features]
         ahead = z[s.lookback :, :, s.target]

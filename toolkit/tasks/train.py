@@ -191,6 +191,8 @@ def print_summary(s: dict[str, Any]) -> None:
             else "-",
         ),
         ("val loss", f"{s['val_loss']:.4f}" if s["val_loss"] is not None else "-"),
+        *([("val IC (rank corr.)", f"{s['val_ic']:.4f}")] if "val_ic" in s else []),
+        ("data wait", f"{100 * s['data_wait_share']:.2f}% of step time"),
         ("median tokens/s", f"{s['median_tokens_per_s']:,.0f}"),
         ("median MFU", f"{100 * s['median_mfu']:.2f}%"),
         ("peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB"),

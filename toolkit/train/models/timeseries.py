@@ -3,12 +3,11 @@ num_targets values (num_series when 0) at every position; trained with mean squa
 
 Targets [batch, time, num_targets] are compared at every position (next-step prediction);
 targets [batch, num_targets] (a window's target over a horizon, toolkit.data.samples) with
-the last position's prediction. Missing targets (NaN) are left out of the loss."""
+the last position's prediction. Missing targets (NaN) add no error to the loss."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from toolkit.config.model import ModelConfig
@@ -46,11 +45,11 @@ class TimeSeriesTransformer(nn.Module):
             return pred
         if targets.dim() == 2:
             pred = pred[:, -1]
+        # A missing target adds no error but still counts in the mean: the loss of a batch
+        # then does not depend on how it is split over ranks and micro-steps.
         observed = torch.isfinite(targets)
-        if bool(observed.all()):
-            return F.mse_loss(pred.float(), targets.float())
         err = torch.where(observed, pred.float() - targets.float().nan_to_num(), 0.0)
-        return (err * err).sum() / observed.sum().clamp(min=1)
+        return (err * err).mean()
 
     @property
     def embedding_params(self) -> int:
