@@ -75,29 +75,36 @@ class Windows:
             self._scale_of, self._scale_arrays = self.norm, self.norm.arrays()
         return self._scale_arrays
 
-    def sample(self, sample_id: int) -> tuple[np.ndarray, np.ndarray]:
+    def window(self, sample_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """Raw values and mask of one sample: [lookback + horizon, instruments, features]
+        (one instrument in per_instrument mode); a view into a cached chunk when it can be."""
         s = self.spec
         per = self.num_instruments if s.mode == "per_instrument" else 1
         a, instrument = divmod(int(sample_id), per)
         t = self.anchors[a]
         values, mask = self.reader.window(t - s.lookback + 1, t + s.horizon + 1)
         if s.mode == "per_instrument":
-            values, mask = (
-                values[:, instrument : instrument + 1],
-                mask[:, instrument : instrument + 1],
-            )
-        mean, std = self._scale()
-        z = (values - mean) / std
-        inputs = np.where(mask, z, 0.0)[: s.lookback][:, :, self.features]
-        ahead = z[s.lookback :, :, s.target]
-        target = np.where(mask[s.lookback :, :, s.target].all(axis=0), ahead.sum(axis=0), np.nan)
-        return inputs.reshape(s.lookback, -1).astype(np.float32), target.astype(np.float32)
+            return values[:, instrument : instrument + 1], mask[:, instrument : instrument + 1]
+        return values, mask
 
     def batch(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        pairs = [self.sample(i) for i in ids]
-        x = torch.from_numpy(np.stack([p[0] for p in pairs]))
-        y = torch.from_numpy(np.stack([p[1] for p in pairs]))
-        return x, y
+        """Inputs [batch, lookback, width] normalised with training statistics, missing as 0;
+        targets [batch, targets], the normalised target feature summed over the horizon, NaN
+        where any step of it is missing. Arithmetic on the whole batch at once."""
+        s = self.spec
+        pairs = [self.window(i) for i in ids]
+        values = np.stack([p[0] for p in pairs])
+        mask = np.stack([p[1] for p in pairs])
+        mean, std = self._scale()
+        z = (values - mean) / std
+        inputs = np.where(mask[:, : s.lookback], z[:, : s.lookback], 0.0)
+        if len(self.features) != z.shape[-1]:
+            inputs = inputs[..., self.features]
+        ahead = z[:, s.lookback :, :, s.target]
+        observed = mask[:, s.lookback :, :, s.target].all(axis=1)
+        target = np.where(observed, ahead.sum(axis=1), np.nan)
+        x = inputs.reshape(len(ids), s.lookback, -1).astype(np.float32, copy=False)
+        return torch.from_numpy(x), torch.from_numpy(target.astype(np.float32, copy=False))
 
 
 class StepBatches(Dataset):
