@@ -71,17 +71,30 @@ def test_csv_and_parquet_sources_round_trip(tmp_path, source, fmt) -> None:
         assert read_manifest(out).instruments == ["I0", "I1", "I2", "I3"]
 
 
-def test_inspect_reports_shapes_missing_fraction_and_statistics(datasets, capsys) -> None:
-    s = summary(datasets["hdf5"])
-    reader = DatasetReader(datasets["hdf5"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_inspect_reports_shapes_missing_fraction_and_statistics(datasets, capsys, fmt) -> None:
+    s = summary(datasets[fmt])
+    reader = DatasetReader(datasets[fmt])
     v, m = reader.window(0, reader.manifest.num_times)
     ret = v[..., 0][m[..., 0]]
     assert s["features"]["ret"]["missing"] == pytest.approx(1 - m[..., 0].mean())
     assert s["features"]["ret"]["mean"] == pytest.approx(ret.mean(), rel=1e-4)
     assert s["features"]["ret"]["std"] == pytest.approx(ret.std(), rel=1e-4)
-    assert main(["inspect", str(datasets["hdf5"])]) == 0
+    assert main(["inspect", str(datasets[fmt])]) == 0
     out = capsys.readouterr().out
     assert "[time 1200, instrument 6, feature 3]" in out and "volume" in out
+
+
+def test_the_commands_write_read_and_refuse_in_one_line(tmp_path, capsys) -> None:
+    out = tmp_path / "market"
+    assert main(["synthetic", str(out), "--times", "300", "--instruments", "4"]) == 0
+    assert main(["prepare", str(tmp_path / "nothing.csv"), str(tmp_path / "x")]) == 1
+    assert main(["prepare", str(out / "times.npy"), str(out)]) == 1  # OUT exists
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {tmp_path / 'nothing.csv'}: no such file or directory",
+        f"error: {out}: already exists; remove it or choose another output directory",
+    ]
 
 
 def test_the_chunk_holds_whole_cross_sections_of_about_a_mebibyte(tmp_path) -> None:

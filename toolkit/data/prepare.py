@@ -142,6 +142,8 @@ def prepare(
     time_column: str = "time",
     instrument_column: str = "instrument",
 ) -> Manifest:
+    if Path(out).exists():  # before reading a large source
+        raise DataError(f"{out}: already exists; remove it or choose another output directory")
     files = source_files(Path(src))
     if files[0].suffix in (".npy", ".npz"):
         if len(files) > 1:
