@@ -82,3 +82,29 @@ def test_normalisation_is_saved_with_the_run_and_the_loader_state(datasets, tmp_
     saved = json.loads((tmp_path / "data_normalisation.json").read_text())
     assert saved == train.state_dict()["normalisation"]
     assert saved["features"] == ["ret", "signal", "volume"]
+
+
+def test_per_instrument_validation_comes_in_whole_time_steps(datasets) -> None:
+    """Validation rows come in groups of every instrument of one time step, so the IC is
+    taken per time step; training samples stay one instrument each, shuffled."""
+    cfg = config(datasets["npy"], sample="per_instrument")
+    train, val = build_loaders(cfg, PLAN, 3, 1, False)
+    x, y = val.batch(0)[0]
+    assert x.shape == (8 * 6, 16, 3) and y.shape == (8 * 6, 1)
+    reader = val.windows.reader
+    anchor = val.windows.anchors[int(val.windows.order.ids(0, 1)[0])]
+    values, mask = reader.window(anchor - 15, anchor + 1)
+    mean, std = val.windows.norm.arrays()
+    want = np.where(mask, (values - mean) / std, 0.0).transpose(1, 0, 2)
+    assert np.allclose(x[:6].numpy(), want, atol=1e-5)
+    assert next(train)[1][0][0].shape == (8, 16, 3)
+
+
+def test_rank_ic_is_one_for_a_perfect_ranking_and_groups_rows_by_time_step() -> None:
+    from toolkit.train.metrics import rank_ic
+
+    target = torch.tensor([[0.1, 0.5, -0.2, float("nan")], [1.0, 2.0, 3.0, 4.0]])
+    total, rows = rank_ic(target.nan_to_num() * 3 + 1, target)
+    assert rows == 2 and total == pytest.approx(2.0)
+    total, rows = rank_ic(-target.reshape(-1, 1), target.reshape(-1, 1), group=4)
+    assert rows == 2 and total == pytest.approx(-2.0)

@@ -51,7 +51,11 @@ class SamplePlan:
 
 
 class Windows:
-    """Cuts normalised (inputs, target) samples of one split out of a dataset reader."""
+    """Cuts normalised (inputs, target) samples of one split out of a dataset reader.
+
+    whole_cross_sections (per_instrument validation): the order's ids are anchors, each
+    expanded to its instruments' samples in instrument order, so a batch's rows come in
+    groups of one time step and the information coefficient can be taken per time step."""
 
     def __init__(
         self,
@@ -61,7 +65,9 @@ class Windows:
         features: list[int],
         norm: Normalisation,
         order: SampleOrder,
+        whole_cross_sections: bool = False,
     ):
+        self.whole_cross_sections = whole_cross_sections
         self.reader = reader
         self.spec = spec
         self.anchors = period.anchors(spec)
@@ -92,6 +98,9 @@ class Windows:
         targets [batch, targets], the normalised target feature summed over the horizon, NaN
         where any step of it is missing. Arithmetic on the whole batch at once."""
         s = self.spec
+        if self.whole_cross_sections:
+            n = self.num_instruments
+            ids = (np.asarray(ids)[:, None] * n + np.arange(n)[None, :]).ravel()
         pairs = [self.window(i) for i in ids]
         values = np.stack([p[0] for p in pairs])
         mask = np.stack([p[1] for p in pairs])
@@ -217,7 +226,9 @@ def build_loaders(
     loaders = []
     for split in ("train", "val"):
         period = opened.periods[split]
+        by_time = split == "val" and cfg.sample == "per_instrument"
         per = opened.reader.manifest.shape[1] if cfg.sample == "per_instrument" else 1
+        per = 1 if by_time else per
         order = SampleOrder(
             plan.seed,
             split,
@@ -226,7 +237,7 @@ def build_loaders(
             opened.reader.manifest.chunk_len,
             cfg.shuffle_chunks,
         )
-        windows = Windows(opened.reader, opened.spec, period, opened.features, norm, order)
+        windows = Windows(opened.reader, opened.spec, period, opened.features, norm, order, by_time)
         if split == "train":
             loaders.append(
                 DatasetLoader(windows, plan, cfg.num_workers, max(cfg.prefetch, 1), pin_memory)

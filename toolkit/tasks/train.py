@@ -5,6 +5,7 @@ place that sees the whole job config inside a rank."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from pathlib import Path
@@ -102,6 +103,8 @@ def build_loaders(
             )
         except DataError as exc:
             raise UserError(str(exc), EXIT_CHECKPOINT_UNUSABLE) from exc
+        if job.data.sample == "per_instrument":  # one row per instrument: group by time step
+            return train, val, functools.partial(rank_ic, group=val.windows.num_instruments)
         return train, val, rank_ic
     sources = open_sources(job.data, job.model.vocab_size)
     loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)

@@ -9,13 +9,19 @@ def _ranks(x: torch.Tensor) -> torch.Tensor:
     return torch.argsort(torch.argsort(x)).float()
 
 
-def rank_ic(pred: torch.Tensor, target: torch.Tensor) -> tuple[float, int]:
+def rank_ic(
+    pred: torch.Tensor, target: torch.Tensor, group: int | None = None
+) -> tuple[float, int]:
     """Information coefficient: the Spearman rank correlation between predictions and
     targets across instruments, per time step (row). Returns (sum over rows, rows) so
     callers can average over batches and ranks; rows with fewer than 3 observed targets
-    or constant values are skipped. pred [batch, time, n] uses the last position."""
+    or constant values are skipped. pred [batch, time, n] uses the last position.
+    group: rows of one target each, `group` consecutive rows per time step (samples of
+    one instrument each, toolkit.data.loader.Windows.whole_cross_sections)."""
     if pred.dim() == 3:
         pred = pred[:, -1]
+    if group is not None:
+        pred, target = pred.reshape(-1, group), target.reshape(-1, group)
     pred, target = pred.float().cpu(), target.float().cpu()
     total, rows = 0.0, 0
     for p, t in zip(pred, target, strict=True):
