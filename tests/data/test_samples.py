@@ -108,3 +108,13 @@ def test_rank_ic_is_one_for_a_perfect_ranking_and_groups_rows_by_time_step() -> 
     assert rows == 2 and total == pytest.approx(2.0)
     total, rows = rank_ic(-target.reshape(-1, 1), target.reshape(-1, 1), group=4)
     assert rows == 2 and total == pytest.approx(-2.0)
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 1200), (0, 837), (10, 20), (65, 1000), (64, 128)])
+def test_stored_chunk_moments_give_the_statistics_of_any_period(datasets, start, stop) -> None:
+    from toolkit.data.moments import chunk_moments, period_moments
+
+    reader = DatasetReader(datasets["parquet"])
+    assert reader.moments is not None
+    v, m = reader.window(start, stop)
+    assert np.allclose(period_moments(reader, start, stop), chunk_moments(v, m), rtol=1e-9)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from toolkit.data.moments import chunk_moments, mean_std
 from toolkit.data.reader import DatasetReader
 
 
@@ -14,22 +15,17 @@ def summary(root: str | Path) -> dict:
     reader = DatasetReader(root)
     m = reader.manifest
     f = m.shape[2]
-    count = np.zeros(f)
-    total = np.zeros(f)
-    total_sq = np.zeros(f)
+    moments = np.zeros((3, f))
     low = np.full(f, np.inf)
     high = np.full(f, -np.inf)
-    for _, v, mask in reader.iter_chunks():
-        x = np.where(mask, v, 0.0).astype(np.float64)
-        count += mask.sum(axis=(0, 1))
-        total += x.sum(axis=(0, 1))
-        total_sq += (x * x).sum(axis=(0, 1))
+    for _, v, mask in reader.iter_chunks():  # every chunk: min and max are not stored
+        moments += chunk_moments(v, mask)
         low = np.minimum(low, np.where(mask, v, np.inf).min(axis=(0, 1)))
         high = np.maximum(high, np.where(mask, v, -np.inf).max(axis=(0, 1)))
     reader.close()
     cells = m.shape[0] * m.shape[1]
-    mean = total / np.maximum(count, 1)
-    std = np.sqrt(np.maximum(total_sq / np.maximum(count, 1) - mean**2, 0))
+    count = moments[0]
+    mean, std = mean_std(moments)
     features = {
         name: {
             "missing": 1 - count[j] / max(cells, 1),

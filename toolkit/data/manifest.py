@@ -50,6 +50,7 @@ class Manifest:
     parts: list[Part]
     dtype: str = "float32"
     version: int = 1
+    moments: str | None = None  # per-chunk moments file (toolkit.data.moments), if stored
 
     @property
     def num_times(self) -> int:
@@ -99,9 +100,9 @@ def read_manifest(root: str | Path) -> Manifest:
 def check_files(root: str | Path, manifest: Manifest) -> None:
     """Every file the manifest lists exists and has the size it was written with."""
     root = Path(root)
-    times = root / TIMES
-    if not times.is_file():
-        raise DataError(f"{times}: missing; prepare the dataset again")
+    for name in (TIMES, manifest.moments):
+        if name is not None and not (root / name).is_file():
+            raise DataError(f"{root / name}: missing; prepare the dataset again")
     for part in manifest.parts:
         for rel, expected in [(part.path, part.num_bytes)] + [(e, None) for e in part.extra]:
             path = root / rel

@@ -27,6 +27,7 @@ class DatasetReader:
                 f"{self.root / TIMES}: {len(self.times)} entries, the manifest says "
                 f"{self.manifest.num_times}; prepare the dataset again"
             )
+        self.moments = self._load_moments()
         self.cache_bytes = cache_bytes
         self.bytes_read = 0
         self._readers: dict[int, PartReader] = {}
@@ -39,6 +40,19 @@ class DatasetReader:
                 raise DataError(f"{self.root / part.path}: does not start on a chunk boundary")
             for k in range(part.time_start // c, -(-part.time_stop // c)):
                 self._part_of_chunk[k] = i
+
+    def _load_moments(self) -> np.ndarray | None:
+        """Per-chunk moments [chunk, 3, feature] when prepare stored them."""
+        m = self.manifest
+        if m.moments is None:
+            return None
+        moments = np.load(self.root / m.moments)
+        if len(moments) != -(-m.num_times // m.chunk_len):
+            raise DataError(
+                f"{self.root / m.moments}: {len(moments)} chunks, the manifest has "
+                f"{-(-m.num_times // m.chunk_len)}; prepare the dataset again"
+            )
+        return moments
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from toolkit.data.manifest import DataError
+from toolkit.data.moments import mean_std, period_moments
 
 SPLITS = {"train": 0, "val": 1, "test": 2}
 MODES = ("cross_section", "per_instrument")
@@ -97,19 +98,9 @@ class Normalisation:
 
 
 def fit_normalisation(reader, period: Period) -> Normalisation:
-    """Streams the chunks of the training period (never beyond it)."""
-    f = reader.manifest.shape[2]
-    count = np.zeros(f)
-    total = np.zeros(f)
-    total_sq = np.zeros(f)
-    for _, v, m in reader.iter_chunks(period.start, period.stop):
-        x = np.where(m, v, 0.0).astype(np.float64)
-        count += m.sum(axis=(0, 1))
-        total += x.sum(axis=(0, 1))
-        total_sq += (x * x).sum(axis=(0, 1))
-    mean = total / np.maximum(count, 1)
-    var = total_sq / np.maximum(count, 1) - mean**2
-    std = np.sqrt(np.maximum(var, 0.0))
+    """From the training period's time steps only (stored per-chunk moments inside it,
+    reads at its ends: toolkit.data.moments)."""
+    mean, std = mean_std(period_moments(reader, period.start, period.stop))
     std[std < 1e-8] = 1.0
     return Normalisation(
         list(reader.manifest.features), mean.tolist(), std.tolist(), [period.start, period.stop]

@@ -19,6 +19,7 @@ from toolkit.data.manifest import (
     chunk_len_for,
     write_manifest,
 )
+from toolkit.data.moments import MOMENTS, per_chunk
 
 
 def write_dataset(
@@ -67,6 +68,7 @@ def write_dataset(
             for i in range(0, t, part_len)
         ]
         np.save(tmp / TIMES, times)
+        np.save(tmp / MOMENTS, per_chunk(values, mask, chunk_len))
         manifest = Manifest(
             format=fmt,
             shape=[t, n, f],
@@ -75,6 +77,7 @@ def write_dataset(
             time_range=[int(times[0]), int(times[-1])] if t else [0, 0],
             chunk=[chunk_len, n, f],
             parts=parts,
+            moments=MOMENTS,
         )
         write_manifest(tmp, manifest)
         os.replace(tmp, out)
