@@ -133,3 +133,14 @@ def test_workers_ignore_preemption_signals(datasets) -> None:
     steps = [next(ld)[0] for _ in range(4)]
     ld.close()
     assert steps == [1, 2, 3, 4]
+
+
+def test_a_checkpoints_normalisation_scales_training_and_validation(datasets) -> None:
+    train, val = build_loaders(config(datasets["npy"]), plan(), 18, 6, False)
+    state = train.state_dict()
+    state["normalisation"]["std"] = [2 * s for s in state["normalisation"]["std"]]
+    before = val.batch(0)[0][0]
+    train.load_state_dict(state)
+    assert train.windows.norm.std == val.windows.norm.std == state["normalisation"]["std"]
+    after = val.batch(0)[0][0]
+    assert not torch.equal(before, after)

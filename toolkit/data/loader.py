@@ -157,6 +157,7 @@ class DatasetLoader:
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.next_step = 0
+        self.also_normalises: list[Windows] = []  # validation: scaled as training is
         self._loader: DataLoader | None = None
         self._iter = None
 
@@ -173,7 +174,9 @@ class DatasetLoader:
         self.close()
         self.next_step = int(state["next_step"])
         if "normalisation" in state:
-            self.windows.norm = Normalisation.from_dict(state["normalisation"])
+            norm = Normalisation.from_dict(state["normalisation"])
+            for windows in [self.windows, *self.also_normalises]:
+                windows.norm = norm
 
     def batch(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Step `step`'s micro-batches, computed here (evaluation)."""
@@ -245,6 +248,7 @@ def build_loaders(
         else:
             val_plan = dataclasses.replace(plan, grad_accum=1)
             loaders.append(DatasetLoader(windows, val_plan, 0, 1, False))
+    loaders[0].also_normalises.append(loaders[1].windows)
     return loaders[0], loaders[1]
 
 
