@@ -7,7 +7,7 @@ import pytest
 
 from toolkit.data.__main__ import main
 from toolkit.data.inspect import summary
-from toolkit.data.manifest import read_manifest
+from toolkit.data.manifest import DataError, read_manifest
 from toolkit.data.prepare import prepare
 from toolkit.data.reader import DatasetReader
 from toolkit.data.synthetic import generate
@@ -69,6 +69,44 @@ def test_csv_and_parquet_sources_round_trip(tmp_path, source, fmt) -> None:
         prepare(src, out, fmt, chunk_len=32)
         _same(out, source)
         assert read_manifest(out).instruments == ["I0", "I1", "I2", "I3"]
+
+
+def test_date_partitions_convert_one_file_at_a_time(tmp_path, source, monkeypatch) -> None:
+    """A source split by date into files that do not overlap in time is pivoted and written
+    one file at a time (memory: one file and one part); overlapping files are read at once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from toolkit.data import writer
+
+    values, mask, times = source
+    appended = []
+    real = writer.DatasetWriter.append
+
+    def counted(self, v, m):
+        appended.append(len(v))
+        return real(self, v, m)
+
+    monkeypatch.setattr(writer.DatasetWriter, "append", counted)
+    (tmp_path / "days").mkdir()
+    for k, lo in enumerate(range(0, 300, 100)):  # written out of order on purpose
+        t_idx, i_idx = np.meshgrid(np.arange(lo, lo + 100), np.arange(4), indexing="ij")
+        columns = {"time": pa.array(times[t_idx.ravel()]), "instrument": pa.array(i_idx.ravel())}
+        for j, name in enumerate(("ret", "signal", "volume")):
+            columns[name] = pa.array(
+                values[t_idx, i_idx, j].ravel(), mask=~mask[t_idx, i_idx, j].ravel()
+            )
+        pq.write_table(pa.table(columns), tmp_path / "days" / f"{2 - k}.parquet")
+    prepare(tmp_path / "days", tmp_path / "out", "hdf5", chunk_len=16)
+    assert appended == [100, 100, 100]
+    _same(tmp_path / "out", source)
+    appended.clear()
+    pq.write_table(
+        pq.read_table(tmp_path / "days" / "0.parquet").slice(0, 4), tmp_path / "days" / "3.parquet"
+    )
+    with pytest.raises(DataError, match="appears twice"):
+        prepare(tmp_path / "days", tmp_path / "out2", "hdf5", chunk_len=16)
+    assert appended == [] and not (tmp_path / "out2").exists()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

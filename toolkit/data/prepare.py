@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from toolkit.data.manifest import DataError, Manifest
-from toolkit.data.writer import write_dataset
+from toolkit.data.writer import DatasetWriter, write_dataset
 
 SUFFIXES = (".csv", ".parquet", ".npy", ".npz")
 
@@ -42,22 +42,18 @@ def source_files(src: Path) -> list[Path]:
     return [src]
 
 
-def _read_table(path: Path, time_column: str, instrument_column: str):
+def _read_table(path: Path, columns: list[str] | None = None):
     import pyarrow as pa
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
     try:
-        table = pcsv.read_csv(path) if path.suffix == ".csv" else pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+        if path.suffix == ".csv":
+            options = pcsv.ConvertOptions(include_columns=columns) if columns else None
+            return pcsv.read_csv(path, convert_options=options)
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise DataError(f"{path}: cannot be read ({exc}); check the file") from exc
-    for column in (time_column, instrument_column):
-        if column not in table.column_names:
-            raise DataError(
-                f"{path}: no column {column!r}; it has {', '.join(table.column_names)} "
-                f"(use --time-column/--instrument-column)"
-            )
-    return table
 
 
 def _times_as_int(column) -> np.ndarray:
@@ -71,39 +67,108 @@ def _times_as_int(column) -> np.ndarray:
     return np.asarray(column.to_pylist(), dtype="datetime64[D]").astype(np.int64)
 
 
-def from_long(
-    files: list[Path], time_column: str = "time", instrument_column: str = "instrument"
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str], list[str]]:
+def _column_names(path: Path) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix == ".csv":
+            return pcsv.open_csv(path).schema.names  # reads the first block only
+        return pq.read_schema(path).names
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"{path}: cannot be read ({exc}); check the file") from exc
+
+
+def _keys(path: Path, time_column: str, instrument_column: str):
+    """Pass 1 reads only the two key columns of a file: its times and instruments."""
+    import pyarrow as pa
+
+    names = _column_names(path)
+    for column in (time_column, instrument_column):
+        if column not in names:
+            raise DataError(
+                f"{path}: no column {column!r}; it has {', '.join(names)} "
+                f"(use --time-column/--instrument-column)"
+            )
+    keys = _read_table(path, [time_column, instrument_column])
+    times = _times_as_int(keys.column(time_column))
+    instruments = np.asarray(keys.column(instrument_column).cast(pa.string()).to_pylist())
+    features = [c for c in names if c not in (time_column, instrument_column)]
+    return times, instruments, features
+
+
+def _pivot(table, times, instruments, features, time_column, instrument_column, where: Path):
+    """Long rows -> dense [len(times), len(instruments), len(features)] values and mask."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    tables = [_read_table(p, time_column, instrument_column) for p in files]
-    features = [c for c in tables[0].column_names if c not in (time_column, instrument_column)]
-    for path, table in zip(files, tables, strict=True):
-        other = [c for c in table.column_names if c not in (time_column, instrument_column)]
-        if other != features:
-            raise DataError(
-                f"{path}: features {other} differ from {files[0]}'s {features}; use one schema"
-            )
-    table = pa.concat_tables(
-        [t.select([time_column, instrument_column, *features]) for t in tables],
-        promote_options="permissive",
-    )
-    t_raw = _times_as_int(table.column(time_column))
-    inst_raw = np.asarray(table.column(instrument_column).cast(pa.string()).to_pylist())
-    times, t_idx = np.unique(t_raw, return_inverse=True)
-    instruments, i_idx = np.unique(inst_raw, return_inverse=True)
+    t_idx = np.searchsorted(times, _times_as_int(table.column(time_column)))
+    inst = np.asarray(table.column(instrument_column).cast(pa.string()).to_pylist())
+    i_idx = np.searchsorted(instruments, inst)
     if len(np.unique(t_idx * len(instruments) + i_idx)) != len(t_idx):
-        raise DataError(f"{files[0].parent}: a (time, instrument) pair appears twice; deduplicate")
+        raise DataError(f"{where}: a (time, instrument) pair appears twice; deduplicate")
     values = np.full((len(times), len(instruments), len(features)), np.nan, np.float32)
     mask = np.zeros(values.shape, np.uint8)
     for j, feature in enumerate(features):
         col = table.column(feature).cast(pa.float32())
         values[t_idx, i_idx, j] = col.to_numpy(zero_copy_only=False)
         mask[t_idx, i_idx, j] = pc.is_valid(col).to_numpy(zero_copy_only=False)
-    nan_observed = np.isnan(values) & mask.astype(bool)
-    mask[nan_observed] = 0  # a NaN cell in a source file is a missing value
-    return values, mask, times, [str(x) for x in instruments], features
+    mask[np.isnan(values) & mask.astype(bool)] = 0  # a NaN cell in a source is a missing value
+    return values, mask
+
+
+def prepare_long(
+    files: list[Path],
+    out: Path,
+    fmt: str,
+    chunk_len: int | None,
+    time_column: str = "time",
+    instrument_column: str = "instrument",
+) -> Manifest:
+    """Two passes: the key columns of every file (the time index and the instrument
+    universe), then one file at a time, pivoted and appended in time order. Memory holds one
+    source file and one part, so a source larger than memory converts when it is split by
+    date into files that do not overlap in time (files that do are read all at once)."""
+    keys = [_keys(p, time_column, instrument_column) for p in files]
+    features = keys[0][2]
+    for path, (_, _, other) in zip(files, keys, strict=True):
+        if other != features:
+            raise DataError(
+                f"{path}: features {other} differ from {files[0]}'s {features}; use one schema"
+            )
+    times = np.unique(np.concatenate([k[0] for k in keys]))
+    instruments = np.unique(np.concatenate([k[1] for k in keys]))
+    order = sorted(range(len(files)), key=lambda i: keys[i][0].min() if len(keys[i][0]) else 0)
+    spans = [(keys[i][0].min(), keys[i][0].max()) for i in order if len(keys[i][0])]
+    disjoint = all(a[1] < b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))
+    groups = [[files[i] for i in order]] if not disjoint else [[files[i]] for i in order]
+    with DatasetWriter(out, times, list(instruments), features, fmt, chunk_len) as writer:
+        for group in groups:
+            table = _concat(
+                [_read_table(p) for p in group], [time_column, instrument_column, *features]
+            )
+            if table.num_rows == 0:
+                continue
+            t = _times_as_int(table.column(time_column))
+            lo, hi = np.searchsorted(times, t.min()), np.searchsorted(times, t.max()) + 1
+            values, mask = _pivot(
+                table,
+                times[lo:hi],
+                instruments,
+                features,
+                time_column,
+                instrument_column,
+                group[0] if len(group) == 1 else group[0].parent,
+            )
+            writer.append(values, mask)
+    return writer.manifest
+
+
+def _concat(tables, columns):
+    import pyarrow as pa
+
+    return pa.concat_tables([t.select(columns) for t in tables], promote_options="permissive")
 
 
 def from_numpy(path: Path):
@@ -149,8 +214,7 @@ def prepare(
         if len(files) > 1:
             raise DataError(f"{src}: one NumPy file at a time")
         values, mask, times, instruments, features = from_numpy(files[0])
-    else:
-        values, mask, times, instruments, features = from_long(
-            files, time_column, instrument_column
+        return write_dataset(
+            out, values, mask, times, instruments, features, fmt=fmt, chunk_len=chunk_len
         )
-    return write_dataset(out, values, mask, times, instruments, features, fmt, chunk_len)
+    return prepare_long(files, Path(out), fmt, chunk_len, time_column, instrument_column)
