@@ -6,6 +6,8 @@ Sources:
   and one per feature; an empty cell or null is a missing value. SRC may be a directory of
   such files (e.g. one per date); rows are pivoted to [time, instrument, feature].
   A time column of dates or timestamps becomes days since 1970-01-01; integers stay as they are.
+  Files that do not overlap in time are converted one at a time (prepare_long), so a
+  date-partitioned source larger than memory converts.
 - NumPy: a .npy of [time, instrument, feature] or [time, instrument] (NaN: missing), or a
   .npz with `values` and optional `mask`, `times`, `instruments`, `features`.
 
