@@ -3,6 +3,7 @@ resume is exact, also mid-epoch, with workers, and across a change of world size
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -122,17 +123,35 @@ def test_resharding_from_two_ranks_keeps_the_data_position(datasets, new_world) 
     assert same(resumed, global_batch(path, 1, 8, 1, step=4))
 
 
-def test_workers_ignore_preemption_signals(datasets) -> None:
+def test_workers_ignore_preemption_signals_even_while_starting(datasets, monkeypatch) -> None:
+    """SIGUSR2 and SIGTERM sent to the workers the moment they are forked (before they can
+    have set SIG_IGN) and again later kill none of them, and the steps go on."""
+    from toolkit.data import loader as loader_module
+
+    real = loader_module._preemption_signals_blocked
     ld = loader(datasets["npy"], plan(), 2)
-    next(ld)
-    for worker in ld._iter._workers:
-        os.kill(worker.pid, signal.SIGUSR2)
-        os.kill(worker.pid, signal.SIGTERM)
-    time.sleep(0.3)
-    assert all(w.is_alive() for w in ld._iter._workers)
-    steps = [next(ld)[0] for _ in range(4)]
-    ld.close()
-    assert steps == [1, 2, 3, 4]
+
+    def signal_workers() -> None:
+        for worker in ld._iter._workers:
+            os.kill(worker.pid, signal.SIGUSR2)
+            os.kill(worker.pid, signal.SIGTERM)
+
+    @contextlib.contextmanager
+    def blocked_then_signalled():
+        with real():
+            yield
+            signal_workers()  # just forked: their init may not have run yet
+
+    monkeypatch.setattr(loader_module, "_preemption_signals_blocked", blocked_then_signalled)
+    try:
+        steps = [next(ld)[0] for _ in range(3)]
+        signal_workers()
+        time.sleep(0.2)
+        assert all(w.is_alive() for w in ld._iter._workers)
+        steps += [next(ld)[0] for _ in range(3)]
+    finally:
+        ld.close()
+    assert steps == list(range(6))
 
 
 def test_a_checkpoints_normalisation_scales_training_and_validation(datasets) -> None:

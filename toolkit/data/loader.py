@@ -14,6 +14,7 @@ depend on the world size, nor on the number of workers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import signal
@@ -134,11 +135,27 @@ class StepBatches(Dataset):
         return out
 
 
+PREEMPTION_SIGNALS = {signal.SIGUSR2, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _preemption_signals_blocked():
+    """Blocked while workers start: a fork inherits the mask, so a signal that arrives
+    before a worker has set SIG_IGN waits instead of killing it; the training process gets
+    its own pending signals when the mask is restored."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _ignore_preemption_signals(_worker_id: int) -> None:
     """Workers must survive SIGUSR2/SIGTERM: the training process handles them at a step
     boundary (toolkit.executors.preemption) and closes the loader itself."""
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PREEMPTION_SIGNALS)
     torch.set_num_threads(1)
 
 
@@ -197,7 +214,8 @@ class DatasetLoader:
                 worker_init_fn=_ignore_preemption_signals if self.num_workers else None,
                 persistent_workers=False,
             )
-            self._iter = iter(self._loader)
+            with _preemption_signals_blocked():
+                self._iter = iter(self._loader)
         batches = next(self._iter)
         step = self.next_step
         self.next_step += 1
