@@ -163,3 +163,29 @@ def test_a_checkpoints_normalisation_scales_training_and_validation(datasets) ->
     assert train.windows.norm.std == val.windows.norm.std == state["normalisation"]["std"]
     after = val.batch(0)[0][0]
     assert not torch.equal(before, after)
+
+
+def test_a_process_that_never_closes_its_loader_still_exits(datasets) -> None:
+    """Workers ignore SIGTERM, which multiprocessing's exit handler relies on; the loader
+    closes itself at exit instead of leaving the process waiting on them forever."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = (
+        "from tests.data.conftest import config\n"
+        "from toolkit.data.loader import SamplePlan, build_loaders\n"
+        f"cfg = config({str(datasets['npy'])!r}, num_workers=2)\n"
+        "train, _ = build_loaders(cfg, SamplePlan(0, 16, 8, 1, 1, 0), 18, 6, False)\n"
+        "kept = [train, next(train)]\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr

@@ -14,6 +14,7 @@ depend on the world size, nor on the number of workers.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -216,12 +217,17 @@ class DatasetLoader:
             )
             with _preemption_signals_blocked():
                 self._iter = iter(self._loader)
+            # Workers ignore SIGTERM, so multiprocessing's own exit handler (terminate, then
+            # join) would wait forever on a loader nobody closed: close it first (atexit
+            # runs the handlers registered last first).
+            atexit.register(self.close)
         batches = next(self._iter)
         step = self.next_step
         self.next_step += 1
         return step, batches
 
     def close(self) -> None:
+        atexit.unregister(self.close)
         if self._iter is not None:
             shutdown = getattr(self._iter, "_shutdown_workers", None)
             if shutdown is not None:
