@@ -10,7 +10,7 @@ from __future__ import annotations
 
 EXIT_OK = 0
 EXIT_CONFIG = 2  # the launcher refused the config before any rank started
-EXIT_CHECKPOINT_UNUSABLE = 65  # EX_DATAERR: no checkpoint can be resumed as configured
+EXIT_CHECKPOINT_UNUSABLE = 65  # EX_DATAERR: no checkpoint can be resumed, or a dataset is bad
 EXIT_SAVE_FAILED = 74  # EX_IOERR: stopped because a checkpoint could not be written
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpointed after a signal; relaunch to resume
 EXIT_RESUME_REFUSED = 78  # EX_CONFIG: the run's config does not fit the checkpoint's

@@ -27,6 +27,7 @@ from toolkit.config.errors import ConfigError
 from toolkit.config.help import group_help, help_topics, launch_help
 from toolkit.config.hydra_tools import INFO_CHOICES
 from toolkit.config.validate import RuntimeCheck, validate
+from toolkit.data.manifest import DataError
 from toolkit.executors import PreparedRun, get_executor
 from toolkit.nccl.checks import check_job as nccl_problems
 from toolkit.redact import redact
@@ -204,7 +205,7 @@ def prepare_in_allocation(
     if (run.run_dir / "config.yaml").exists():
         return run.run_dir  # requeued: keep the config (and checkpoints) of the first start
     write_run_dir(run, choices_of(cfgs[0]), config_dirs)
-    prepare_data(run.job.data, run.job.model.num_series)
+    prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
     return run.run_dir
 
 
@@ -215,6 +216,9 @@ def compose_in_allocation(overrides: list[str], config_dirs: Sequence[str] = ())
     except ConfigError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
+        return 2
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(run_dir)
     return 0
@@ -251,8 +255,12 @@ def main(argv: list[str] | None = None) -> int:
 
     for run, cfg in zip(runs, cfgs, strict=True):
         if not run.job.launch.dry_run:
+            try:  # once, before any rank starts: a bad dataset fails here, in one line
+                prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
+            except DataError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             write_run_dir(run, choices_of(cfg), args.config_dir)
-            prepare_data(run.job.data, run.job.model.num_series)  # once, before any rank starts
     kinds = {run.job.cluster.kind for run in runs}
     if len(kinds) != 1:
         print(

@@ -72,5 +72,5 @@ def test_builtin_corpus_is_real_text(tmp_path) -> None:
     text = path.read_bytes()
     assert len(text) > 300_000
     assert b"The " in text and b"function" in text
-    sources = open_sources(DataConfig(kind="text", cache_dir=str(tmp_path)), 256, 0)
+    sources = open_sources(DataConfig(kind="text", cache_dir=str(tmp_path)), 256)
     assert len(sources["train"]) > 19 * len(sources["val"]) * 0.9

@@ -173,7 +173,7 @@ def worker(rank: int, world: int, job: JobConfig, args: dict, out: str) -> None:
         world,
         rank,
     )
-    source = open_sources(job.data, job.model.vocab_size, job.model.num_series)["train"]
+    source = open_sources(job.data, job.model.vocab_size)["train"]
     batches = [plan.micro_batches(source, "train", s) for s in range(steps)]  # same data as A
     variants = {
         "toolkit": lambda run_dir: toolkit_loop(

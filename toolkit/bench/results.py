@@ -40,6 +40,14 @@ def rank_files(run_dir: Path, prefix: str) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def print_json(result: Any, path: Path | None = None) -> None:
+    """A benchmark's result: printed as indented JSON, and written to `path` when given."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if path:
+        path.write_text(text)
+
+
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text()) if path.exists() else None
 

@@ -231,10 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         result = costs(args.seconds)
     else:
         result = report_speed(args.reps)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text)
+    from toolkit.bench.results import print_json
+
+    print_json(result, args.json)
     return 0
 
 

@@ -57,7 +57,15 @@ def config_diff(saved: dict[str, Any], current: dict[str, Any], prefix: str = ""
 # checkpointing, cluster size, parallel layout, hardware, …) may change.
 MEANING_GROUPS = ("model.", "optim.", "data.", "precision.")
 MEANING_KEYS = ("seed", "trainer.global_batch_size")
-HARMLESS_DATA_KEYS = ("data.prefetch", "data.cache_dir")  # how data is read, not which
+# How data is read, not which: the loader's batches do not depend on these (toolkit.data.loader).
+HARMLESS_DATA_KEYS = (
+    "data.prefetch",
+    "data.cache_dir",
+    "data.num_workers",
+    "data.pin_memory",
+    "data.cache_mib",
+    "data.verify",
+)
 
 
 def changes_meaning(diff_line: str) -> bool:

@@ -1,10 +1,10 @@
-"""Training data: byte-level text memmap, synthetic tokens, or multivariate returns."""
+"""Training data: byte-level text memmap, synthetic tokens, or a dataset of market series."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from toolkit.config.errors import below_minimum
+from toolkit.config.errors import below_minimum, not_one_of
 from toolkit.config.model import ModelConfig
 
 
@@ -13,14 +13,37 @@ class DataConfig:
     kind: str = "text"  # text | synthetic | returns
     # text: a UTF-8 file, tokenised as bytes. None: the built-in corpus (Python's own
     # documentation topics, generated once into cache_dir; no download).
-    # returns: a float32 .npy of shape [time, num_series]. None: a synthetic factor model.
+    # returns: a dataset directory (`python -m toolkit.data prepare`). None: a synthetic
+    # factor-model market written once into cache_dir (synthetic_* below).
     path: str | None = None
-    seq_len: int = 128
+    seq_len: int = 128  # returns: the lookback window, in time steps
     val_fraction: float = 0.05
     cache_dir: str = "~/.cache/toolkit"
-    prefetch: int = 2  # batches prepared ahead by a background thread (0: inline)
+    prefetch: int = 2  # batches prepared ahead (per worker with num_workers > 0)
+    # --- returns only -----------------------------------------------------------------
+    horizon: int = 1  # the target sums the target feature over this many steps ahead
+    sample: str = "cross_section"  # cross_section (all instruments) | per_instrument
+    features: list[str] = field(default_factory=list)  # inputs; empty: every feature
+    target_feature: str = "ret"
+    test_fraction: float = 0.0  # a held-out period after validation (never read in training)
+    embargo: int | None = None  # time steps between periods; None: the horizon
+    num_workers: int = 2  # loader processes (0: in the training process)
+    pin_memory: bool = True  # page-locked batches and non-blocking copies (GPU only)
+    shuffle_chunks: int = 8  # samples shuffle within groups of this many chunks (0: global)
+    cache_mib: int = 256  # each worker's cache of decoded chunks
+    verify: bool = True  # scan every file for NaNs outside the mask before training starts
+    synthetic_format: str = "hdf5"  # hdf5 | parquet | npy (path: null)
+    synthetic_times: int = 20_000
+    synthetic_instruments: int = 16
 
     KINDS = ("text", "synthetic", "returns")
+    SAMPLES = ("cross_section", "per_instrument")
+    FORMATS = ("hdf5", "parquet", "npy")
+    SYNTHETIC_FEATURES = 3  # toolkit.data.synthetic.FEATURES
+
+
+def effective_embargo(d: DataConfig) -> int:
+    return d.horizon if d.embargo is None else d.embargo
 
 
 def problems(d: DataConfig, model: ModelConfig) -> list[str]:
@@ -42,4 +65,48 @@ def problems(d: DataConfig, model: ModelConfig) -> list[str]:
         p.append(f"model.vocab_size={model.vocab_size}: byte-level data needs >= 256")
     if not 0.0 < d.val_fraction < 0.5:
         p.append(f"data.val_fraction={d.val_fraction}: must be in (0, 0.5)")
+    if d.kind == "returns":
+        p += returns_problems(d, model)
+    return p
+
+
+def returns_problems(d: DataConfig, model: ModelConfig) -> list[str]:
+    p = below_minimum(
+        "data",
+        d,
+        {
+            "horizon": 1,
+            "num_workers": 0,
+            "prefetch": 0,
+            "shuffle_chunks": 0,
+            "cache_mib": 1,
+            "synthetic_times": 64,
+            "synthetic_instruments": 1,
+        },
+    )
+    p += not_one_of(
+        "data", d, {"sample": DataConfig.SAMPLES, "synthetic_format": DataConfig.FORMATS}
+    )
+    if not 0.0 <= d.test_fraction < 0.5:
+        p.append(f"data.test_fraction={d.test_fraction}: must be in [0, 0.5)")
+    if d.embargo is not None and d.embargo < d.horizon:
+        p.append(
+            f"data.embargo={d.embargo}: below data.horizon={d.horizon}, so a training target "
+            f"could overlap the validation period; use data.embargo>={d.horizon} (or null)"
+        )
+    if d.num_workers > 0 and d.prefetch < 1:
+        p.append(f"data.prefetch={d.prefetch}: workers need >= 1 batch ahead; use data.prefetch>=1")
+    if d.path is None and not d.features:  # the synthetic market: its shape is known here
+        n, f = d.synthetic_instruments, DataConfig.SYNTHETIC_FEATURES
+        width, targets = (n * f, n) if d.sample == "cross_section" else (f, 1)
+        if model.num_series != width:
+            p.append(
+                f"model.num_series={model.num_series}: the synthetic market gives {width} "
+                f"inputs per time step with data.sample={d.sample}; use model.num_series={width}"
+            )
+        if model.num_targets not in (0, targets) or (model.num_targets == 0 and width != targets):
+            p.append(
+                f"model.num_targets={model.num_targets}: data.sample={d.sample} has {targets} "
+                f"targets per sample; use model.num_targets={targets}"
+            )
     return p

@@ -17,7 +17,8 @@ class ModelConfig:
     mlp_ratio: float = 4.0
     vocab_size: int = 256  # gpt only: byte-level data needs >= 256
     max_seq_len: int = 256
-    num_series: int = 0  # timeseries only: number of assets (input and output features)
+    num_series: int = 0  # timeseries only: input features per time step
+    num_targets: int = 0  # timeseries only: outputs per sample (0: num_series)
     norm_eps: float = 1e-5
     init_std: float = 0.02
 
@@ -38,4 +39,6 @@ def problems(m: ModelConfig) -> list[str]:
         p.append(f"model.dim={m.dim}: must be divisible by model.num_heads={m.num_heads}")
     if m.kind == "timeseries" and m.num_series < 1:
         p.append(f"model.num_series={m.num_series}: must be >= 1 for the time-series model")
+    if m.num_targets < 0:
+        p.append(f"model.num_targets={m.num_targets}: must be >= 0 (0: model.num_series)")
     return p

@@ -114,7 +114,7 @@ def root_params(model: ModelConfig) -> int:
 
 
 def output_width(model: ModelConfig) -> int:
-    return model.vocab_size if model.kind == "gpt" else model.num_series
+    return model.vocab_size if model.kind == "gpt" else (model.num_targets or model.num_series)
 
 
 def memory(

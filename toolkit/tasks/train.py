@@ -4,6 +4,8 @@ place that sees the whole job config inside a rank."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import logging
 from pathlib import Path
@@ -17,6 +19,7 @@ from toolkit.config.shape import micro_batch_size
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import build_mesh, local_param_bytes, parallelize
+from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
 from toolkit.telemetry.profiler import ProfileHook, profiling_configured
@@ -80,6 +83,41 @@ def write_shard_info(model: torch.nn.Module, path: Path) -> None:
     )
 
 
+def build_loaders(
+    job: JobConfig, plan: BatchPlan, device: torch.device, run_dir: Path, env: DistEnv
+):
+    """Training and validation loaders, and the validation metric besides the loss.
+
+    data=returns: multi-process loading of a dataset (toolkit.data), normalised with the
+    training period's statistics (saved in the run dir, and in checkpoints with the loader's
+    state), validated by information coefficient. A bad dataset is the user's to fix: one
+    line (the launcher has usually caught it already)."""
+    if job.data.kind == "returns":
+        from toolkit.data.loader import SamplePlan
+        from toolkit.data.loader import build_loaders as build_dataset_loaders
+        from toolkit.data.manifest import DataError
+        from toolkit.train.metrics import rank_ic
+
+        try:
+            train, val = build_dataset_loaders(
+                job.data,
+                SamplePlan(**dataclasses.asdict(plan)),
+                job.model.num_series,
+                job.model.num_targets,
+                pin_memory=job.data.pin_memory and device.type == "cuda",
+                run_dir=run_dir if env.is_rank0 else None,
+            )
+        except DataError as exc:
+            raise UserError(str(exc), EXIT_CHECKPOINT_UNUSABLE) from exc
+        if job.data.sample == "per_instrument":  # one row per instrument: group by time step
+            return train, val, functools.partial(rank_ic, group=val.windows.num_instruments)
+        return train, val, rank_ic
+    sources = open_sources(job.data, job.model.vocab_size)
+    loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)
+    val_plan = dataclasses.replace(plan, grad_accum=1)
+    return loader, Loader(sources["val"], val_plan, prefetch=0, split="val"), None
+
+
 def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
     torch.manual_seed(job.seed)
     model = build_model(job.model)
@@ -106,10 +144,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         world_size=world,
         rank=env.rank,
     )
-    sources = open_sources(job.data, job.model.vocab_size, job.model.num_series)
-    loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)
-    val_plan = BatchPlan(job.seed, job.data.seq_len, plan.micro_batch_size, 1, world, env.rank)
-    val_loader = Loader(sources["val"], val_plan, prefetch=0, split="val")
+    loader, val_loader, eval_metric = build_loaders(job, plan, device, run_dir, env)
 
     optimizer = build_optimizer(model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.trainer.steps)
@@ -128,6 +163,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         grad_clip=job.optim.grad_clip,
         fault=job.fault,
         comm_timer=CommTimer().install() if job.telemetry.comm_timing else None,
+        eval_metric=eval_metric,
     )
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer
@@ -167,6 +203,8 @@ def print_summary(s: dict[str, Any]) -> None:
             else "-",
         ),
         ("val loss", f"{s['val_loss']:.4f}" if s["val_loss"] is not None else "-"),
+        *([("val IC (rank corr.)", f"{s['val_ic']:.4f}")] if "val_ic" in s else []),
+        ("data wait", f"{100 * s['data_wait_share']:.2f}% of step time"),
         ("median tokens/s", f"{s['median_tokens_per_s']:,.0f}"),
         ("median MFU", f"{100 * s['median_mfu']:.2f}%"),
         ("peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB"),

@@ -20,7 +20,7 @@ import torch
 from toolkit.config.data import DataConfig
 
 # Re-exported: file preparation lives in a torch-free module so the launcher stays light.
-from toolkit.train.data_files import builtin_corpus, prepare, synthetic_returns  # noqa: F401
+from toolkit.train.data_files import builtin_corpus, prepare  # noqa: F401
 
 SPLITS = {"train": 0, "val": 1}
 
@@ -71,23 +71,18 @@ class SyntheticTokens:
         return t[:, :-1], t[:, 1:]
 
 
-def open_sources(cfg: DataConfig, vocab_size: int, num_series: int) -> dict[str, Source]:
-    """Memory-map the data and split it: the last val_fraction is the validation set."""
+def open_sources(cfg: DataConfig, vocab_size: int) -> dict[str, Source]:
+    """Memory-map the data and split it: the last val_fraction is the validation set.
+    (data=returns has its own samples and loader: toolkit.data.loader.)"""
+    if cfg.kind == "returns":
+        raise ValueError("data=returns: use toolkit.data.loader.build_loaders")
     if cfg.kind == "synthetic":
         return {"train": SyntheticTokens(vocab_size), "val": SyntheticTokens(vocab_size, 1 << 20)}
-    path = prepare(cfg, num_series)
+    path = prepare(cfg)
     assert path is not None
     if not path.exists():
         raise FileNotFoundError(f"data.path={path}: no such file")
-    if cfg.kind == "text":
-        array = np.memmap(path, dtype=np.uint8, mode="r")
-    else:
-        array = np.load(path, mmap_mode="r")
-        if array.ndim != 2 or array.shape[1] != num_series:
-            raise ValueError(
-                f"data.path={path}: shape {array.shape}, expected [time, {num_series}] "
-                f"(model.num_series={num_series})"
-            )
+    array = np.memmap(path, dtype=np.uint8, mode="r")
     split = int(len(array) * (1 - cfg.val_fraction))
     if split <= cfg.seq_len + 1 or len(array) - split <= cfg.seq_len + 1:
         raise ValueError(
@@ -145,6 +140,10 @@ class Loader:
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.close()
         self.next_step = int(state["next_step"])
+
+    def batch(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Step `step`'s micro-batches, computed here (evaluation)."""
+        return self.plan.micro_batches(self.source, self.split, step)
 
     def _produce(self, first: int) -> None:
         step = first

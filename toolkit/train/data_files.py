@@ -10,8 +10,6 @@ import os
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from toolkit.config.data import DataConfig
 
 
@@ -39,40 +37,14 @@ def builtin_corpus(cache_dir: str) -> Path:
     return path
 
 
-def synthetic_returns(
-    cache_dir: str, num_series: int, length: int = 200_000, seed: int = 1234
-) -> Path:
-    """A factor model with predictable structure: r_t = B f_t + e_t, f_t = 0.6 f_{t-1} + u_t,
-    so the next step is partly forecastable from the past (MSE can fall below the variance)."""
-    path = Path(cache_dir).expanduser() / f"returns-synthetic-{num_series}x{length}-{seed}.npy"
-    if path.exists():
-        return path
-    rng = np.random.default_rng(seed)
-    num_factors = max(1, num_series // 8)
-    loadings = rng.normal(0, 1, (num_series, num_factors)).astype(np.float32)
-    factors = np.zeros((length, num_factors), dtype=np.float32)
-    shocks = rng.normal(0, 1, (length, num_factors)).astype(np.float32)
-    for t in range(1, length):
-        factors[t] = 0.6 * factors[t - 1] + shocks[t]
-    noise = rng.normal(0, 0.5, (length, num_series)).astype(np.float32)
-    returns = factors @ loadings.T / np.sqrt(num_factors) + noise
-    returns /= returns.std(axis=0, keepdims=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".npy")
-    os.close(fd)
-    np.save(tmp, returns.astype(np.float32))
-    os.replace(tmp, path)
-    return path
-
-
-def prepare(cfg: DataConfig, num_series: int = 0) -> Path | None:
-    """Create whatever files the data needs (the launcher calls this once, before ranks start)."""
+def prepare(cfg: DataConfig, num_series: int = 0, num_targets: int = 0) -> Path | None:
+    """Create whatever files the data needs (the launcher calls this once, before ranks
+    start); for returns, also check the dataset (toolkit.data.training: a DataError names
+    the file and what to do)."""
     if cfg.kind == "text":
         return Path(cfg.path).expanduser() if cfg.path else builtin_corpus(cfg.cache_dir)
     if cfg.kind == "returns":
-        return (
-            Path(cfg.path).expanduser()
-            if cfg.path
-            else synthetic_returns(cfg.cache_dir, num_series)
-        )
+        from toolkit.data.training import prepare as prepare_dataset
+
+        return prepare_dataset(cfg, num_series, num_targets)
     return None

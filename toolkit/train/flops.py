@@ -35,7 +35,8 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
         head = d * cfg.vocab_size + final_norm
     else:  # timeseries: linear input projection is a matmul, positions are a lookup
         embedding = cfg.max_seq_len * d
-        head = (cfg.num_series * d + d) + (d * cfg.num_series + cfg.num_series) + final_norm
+        out = cfg.num_targets or cfg.num_series
+        head = (cfg.num_series * d + d) + (d * out + out) + final_norm
     return {
         "embedding": embedding,
         "blocks": blocks,

@@ -13,6 +13,7 @@ import logging
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,7 @@ class Trainer:
         grad_clip: float = 1.0,
         fault: FaultConfig | None = None,
         comm_timer: CommTimer | None = None,
+        eval_metric: Callable[[torch.Tensor, torch.Tensor], tuple[float, int]] | None = None,
     ):
         self.cfg = cfg
         self.model = model
@@ -80,6 +82,8 @@ class Trainer:
         self.fault = fault or FaultConfig()
         self.comm_timer = comm_timer
         self.phases: dict[str, float] = {}
+        self.eval_metric = eval_metric  # (predictions, targets) -> (sum, count), e.g. rank IC
+        self.val_metrics: dict[str, float] = {}
         self.rank = dist.get_rank()
         self._straggler_sleep_s = (
             self.fault.straggler_sleep_s if self.fault.straggler_rank == self.rank else 0.0
@@ -239,13 +243,20 @@ class Trainer:
             return None
         self.model.eval()
         plan = self.val_loader.plan
-        total = torch.zeros((), device=self.device)
+        total = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss, metric, count
         for i in range(self.cfg.eval_batches):
-            for inputs, targets in plan.micro_batches(self.val_loader.source, "val", i):
-                total += self.model(inputs.to(self.device), targets.to(self.device)).float()
+            for inputs, targets in self.val_loader.batch(i):
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+                total[0] += self.model(inputs, targets).double()
+                if self.eval_metric is not None:
+                    metric, count = self.eval_metric(self.model(inputs), targets)
+                    total[1] += metric
+                    total[2] += count
         self.model.train()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        return total.item() / (self.world_size * self.cfg.eval_batches * plan.grad_accum)
+        if self.eval_metric is not None and total[2] > 0:
+            self.val_metrics["val_ic"] = float(total[1] / total[2])
+        return total[0].item() / (self.world_size * self.cfg.eval_batches * plan.grad_accum)
 
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -336,7 +347,12 @@ class Trainer:
         if val_loss is not None:
             self.sink.write_event(
                 Event(
-                    "eval", start, time.time(), self.state.step, self.rank, {"val_loss": val_loss}
+                    "eval",
+                    start,
+                    time.time(),
+                    self.state.step,
+                    self.rank,
+                    {"val_loss": val_loss, **self.val_metrics},
                 )
             )
         return val_loss
@@ -356,9 +372,13 @@ class Trainer:
             "median_step_time_s": statistics.median(r.step_time_s for r in measured)
             if measured
             else 0.0,
+            # Time the loop waited for data, as a share of step time (steps after the first).
+            "data_wait_share": sum(r.data_wait_s for r in measured)
+            / max(sum(r.step_time_s for r in measured), 1e-12),
             "first_loss": self.losses[0] if self.losses else None,
             "final_loss": self.losses[-1] if self.losses else None,
             "val_loss": val_loss,
+            **self.val_metrics,
             "peak_memory_bytes": max((r.mem_peak_bytes for r in self.records), default=0),
             "stop_reason": self.stop_reason,
             "exit_code": self.stop.exit_code if self.stop is not None else 0,

@@ -1,10 +1,13 @@
-"""Causal transformer over multivariate returns: reads [batch, time, series] and predicts the
-next step of every series; trained with mean squared error."""
+"""Causal transformer over multivariate series: reads [batch, time, num_series] and predicts
+num_targets values (num_series when 0) at every position; trained with mean squared error.
+
+Targets [batch, time, num_targets] are compared at every position (next-step prediction);
+targets [batch, num_targets] (a window's target over a horizon, toolkit.data.samples) with
+the last position's prediction. Missing targets (NaN) add no error to the loss."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from toolkit.config.model import ModelConfig
@@ -22,7 +25,7 @@ class TimeSeriesTransformer(nn.Module):
             for _ in range(cfg.num_layers)
         )
         self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.dim, cfg.num_series)
+        self.head = nn.Linear(cfg.dim, cfg.num_targets or cfg.num_series)
 
     def reset_parameters(self) -> None:
         init_weights(self, self.cfg.init_std, self.cfg.num_layers)
@@ -40,7 +43,13 @@ class TimeSeriesTransformer(nn.Module):
         pred = self.head(self.norm(x))
         if targets is None:
             return pred
-        return F.mse_loss(pred.float(), targets.float())
+        if targets.dim() == 2:
+            pred = pred[:, -1]
+        # A missing target adds no error but still counts in the mean: the loss of a batch
+        # then does not depend on how it is split over ranks and micro-steps.
+        observed = torch.isfinite(targets)
+        err = torch.where(observed, pred.float() - targets.float().nan_to_num(), 0.0)
+        return (err * err).mean()
 
     @property
     def embedding_params(self) -> int:

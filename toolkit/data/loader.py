@@ -1,0 +1,279 @@
+"""Multi-process batches of dataset samples under the training loop's Loader contract
+(toolkit.train.data: `next(loader)` -> (step, micro-batches), state_dict, .plan, close).
+
+Why torch's DataLoader workers and not a pool of our own: the batch of step s is a pure
+function of (seed, s) (toolkit.data.samples.SampleOrder), so a map-style dataset indexed by
+step gives in-order delivery, pinned-memory batches, worker start-up and error propagation
+for free, and workers hold no state worth saving: the position is the next step. Resuming
+(or resharding) rebuilds the DataLoader at that step.
+
+Rank r takes, for micro-step m, the slice [(m * world + r) * micro, +micro) of the step's
+global batch, as text data does: with a fixed global batch the samples a step sees do not
+depend on the world size, nor on the number of workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from toolkit.config.data import DataConfig
+from toolkit.data.manifest import DataError
+from toolkit.data.reader import DatasetReader
+from toolkit.data.samples import Normalisation, Period, SampleOrder, SampleSpec, fit_normalisation
+from toolkit.data.training import Opened, open_dataset
+
+NEVER = 1 << 62  # the step sampler's end: training stops by step count, not by the sampler
+
+
+@dataclass(frozen=True)
+class SamplePlan:
+    """The same fields as toolkit.train.data.BatchPlan, so Trainer can re-split it."""
+
+    seed: int
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+    world_size: int
+    rank: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.world_size
+
+
+class Windows:
+    """Cuts normalised (inputs, target) samples of one split out of a dataset reader.
+
+    whole_cross_sections (per_instrument validation): the order's ids are anchors, each
+    expanded to its instruments' samples in instrument order, so a batch's rows come in
+    groups of one time step and the information coefficient can be taken per time step."""
+
+    def __init__(
+        self,
+        reader: DatasetReader,
+        spec: SampleSpec,
+        period: Period,
+        features: list[int],
+        norm: Normalisation,
+        order: SampleOrder,
+        whole_cross_sections: bool = False,
+    ):
+        self.whole_cross_sections = whole_cross_sections
+        self.reader = reader
+        self.spec = spec
+        self.anchors = period.anchors(spec)
+        self.features = features
+        self.norm = norm
+        self.order = order
+        self.num_instruments = reader.manifest.shape[1]
+
+    def _scale(self) -> tuple[np.ndarray, np.ndarray]:
+        if getattr(self, "_scale_of", None) is not self.norm:  # a resume may replace norm
+            self._scale_of, self._scale_arrays = self.norm, self.norm.arrays()
+        return self._scale_arrays
+
+    def window(self, sample_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """Raw values and mask of one sample: [lookback + horizon, instruments, features]
+        (one instrument in per_instrument mode); a view into a cached chunk when it can be."""
+        s = self.spec
+        per = self.num_instruments if s.mode == "per_instrument" else 1
+        a, instrument = divmod(int(sample_id), per)
+        t = self.anchors[a]
+        values, mask = self.reader.window(t - s.lookback + 1, t + s.horizon + 1)
+        if s.mode == "per_instrument":
+            return values[:, instrument : instrument + 1], mask[:, instrument : instrument + 1]
+        return values, mask
+
+    def batch(self, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs [batch, lookback, width] normalised with training statistics, missing as 0;
+        targets [batch, targets], the normalised target feature summed over the horizon, NaN
+        where any step of it is missing. Arithmetic on the whole batch at once."""
+        s = self.spec
+        if self.whole_cross_sections:
+            n = self.num_instruments
+            ids = (np.asarray(ids)[:, None] * n + np.arange(n)[None, :]).ravel()
+        pairs = [self.window(i) for i in ids]
+        values = np.stack([p[0] for p in pairs])
+        mask = np.stack([p[1] for p in pairs])
+        mean, std = self._scale()
+        z = (values - mean) / std
+        inputs = np.where(mask[:, : s.lookback], z[:, : s.lookback], 0.0)
+        if len(self.features) != z.shape[-1]:
+            inputs = inputs[..., self.features]
+        ahead = z[:, s.lookback :, :, s.target]
+        observed = mask[:, s.lookback :, :, s.target].all(axis=1)
+        target = np.where(observed, ahead.sum(axis=1), np.nan)
+        x = inputs.reshape(len(ids), s.lookback, -1).astype(np.float32, copy=False)
+        return torch.from_numpy(x), torch.from_numpy(target.astype(np.float32, copy=False))
+
+
+class StepBatches(Dataset):
+    """Item s: this rank's micro-batches of step s."""
+
+    def __init__(self, windows: Windows, plan: SamplePlan):
+        self.windows = windows
+        self.plan = plan
+
+    def __getitem__(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        p = self.plan
+        g = p.global_batch_size
+        ids = self.windows.order.ids(step * g, (step + 1) * g)
+        out = []
+        for m in range(p.grad_accum):
+            lo = (m * p.world_size + p.rank) * p.micro_batch_size
+            out.append(self.windows.batch(ids[lo : lo + p.micro_batch_size]))
+        return out
+
+
+PREEMPTION_SIGNALS = {signal.SIGUSR2, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _preemption_signals_blocked():
+    """Blocked while workers start: a fork inherits the mask, so a signal that arrives
+    before a worker has set SIG_IGN waits instead of killing it; the training process gets
+    its own pending signals when the mask is restored."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, PREEMPTION_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _ignore_preemption_signals(_worker_id: int) -> None:
+    """Workers must survive SIGUSR2/SIGTERM: the training process handles them at a step
+    boundary (toolkit.executors.preemption) and closes the loader itself."""
+    for signum in PREEMPTION_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PREEMPTION_SIGNALS)
+    torch.set_num_threads(1)
+
+
+class DatasetLoader:
+    def __init__(
+        self,
+        windows: Windows,
+        plan: SamplePlan,
+        num_workers: int = 2,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+    ):
+        self.windows = windows
+        self.plan = plan
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.pin_memory = pin_memory
+        self.next_step = 0
+        self.also_normalises: list[Windows] = []  # validation: scaled as training is
+        self._loader: DataLoader | None = None
+        self._iter = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "next_step": self.next_step,
+            "seed": self.plan.seed,
+            "normalisation": self.windows.norm.as_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The position, and the checkpoint's normalisation (so a resumed run scales its
+        inputs as the first run did, even if the data has grown since)."""
+        self.close()
+        self.next_step = int(state["next_step"])
+        if "normalisation" in state:
+            norm = Normalisation.from_dict(state["normalisation"])
+            for windows in [self.windows, *self.also_normalises]:
+                windows.norm = norm
+
+    def batch(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Step `step`'s micro-batches, computed here (evaluation)."""
+        return StepBatches(self.windows, self.plan)[step]
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+        if self._iter is None:
+            self._loader = DataLoader(
+                StepBatches(self.windows, self.plan),
+                batch_size=None,
+                sampler=range(self.next_step, NEVER),
+                num_workers=self.num_workers,
+                prefetch_factor=self.prefetch if self.num_workers else None,
+                pin_memory=self.pin_memory,
+                worker_init_fn=_ignore_preemption_signals if self.num_workers else None,
+                persistent_workers=False,
+            )
+            with _preemption_signals_blocked():
+                self._iter = iter(self._loader)
+            # Workers ignore SIGTERM, so multiprocessing's own exit handler (terminate, then
+            # join) would wait forever on a loader nobody closed: close it first (atexit
+            # runs the handlers registered last first).
+            atexit.register(self.close)
+        batches = next(self._iter)
+        step = self.next_step
+        self.next_step += 1
+        return step, batches
+
+    def close(self) -> None:
+        atexit.unregister(self.close)
+        if self._iter is not None:
+            shutdown = getattr(self._iter, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            self._iter = None
+            self._loader = None
+
+
+def build_loaders(
+    cfg: DataConfig,
+    plan: SamplePlan,
+    num_series: int,
+    num_targets: int,
+    pin_memory: bool,
+    run_dir: Path | None = None,
+) -> tuple[DatasetLoader, DatasetLoader]:
+    """Training and validation loaders; normalisation from the training period only,
+    written to run_dir/data_normalisation.json when given."""
+    opened: Opened = open_dataset(cfg, num_series, num_targets)
+    norm = fit_normalisation(opened.reader, opened.periods["train"])
+    if run_dir is not None:
+        (run_dir / "data_normalisation.json").write_text(json.dumps(norm.as_dict(), indent=1))
+    loaders = []
+    for split in ("train", "val"):
+        period = opened.periods[split]
+        by_time = split == "val" and cfg.sample == "per_instrument"
+        per = opened.reader.manifest.shape[1] if cfg.sample == "per_instrument" else 1
+        per = 1 if by_time else per
+        order = SampleOrder(
+            plan.seed,
+            split,
+            len(period.anchors(opened.spec)),
+            per,
+            opened.reader.manifest.chunk_len,
+            cfg.shuffle_chunks,
+        )
+        windows = Windows(opened.reader, opened.spec, period, opened.features, norm, order, by_time)
+        if split == "train":
+            loaders.append(
+                DatasetLoader(windows, plan, cfg.num_workers, max(cfg.prefetch, 1), pin_memory)
+            )
+        else:
+            val_plan = dataclasses.replace(plan, grad_accum=1)
+            loaders.append(DatasetLoader(windows, val_plan, 0, 1, False))
+    loaders[0].also_normalises.append(loaders[1].windows)
+    return loaders[0], loaders[1]
+
+
+__all__ = ["DataError", "DatasetLoader", "SamplePlan", "Windows", "build_loaders"]

@@ -1,0 +1,125 @@
+"""The dataset layout: a directory of time-partitioned part files plus `manifest.json`.
+
+    OUT/manifest.json     shapes, dtype, feature names, instrument ids, time range, chunk, files
+    OUT/times.npy         int64 time index, one entry per time step (e.g. days since epoch)
+    OUT/part-00000.<ext>  values [time, instrument, feature] and a mask (1 = observed)
+
+Every part holds whole chunks of `chunk[0]` time steps, so a chunk lies in one file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+TIMES = "times.npy"
+FORMATS = ("hdf5", "parquet", "npy")
+# A chunk of about this many bytes: large enough that one read amortises a shared
+# filesystem's per-request latency (~ms), small enough that a window touches at most two
+# chunks and a worker's cache holds dozens of them.
+CHUNK_TARGET_BYTES = 1 << 20
+
+
+class DataError(ValueError):
+    """A dataset problem the user can act on: one line naming the file and what to do."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
+
+
+@dataclass
+class Part:
+    path: str  # relative to the dataset directory
+    time_start: int  # first time step (row of times.npy) it holds
+    time_stop: int  # one past the last
+    num_bytes: int  # size on disk when written: a shorter file is truncated
+    extra: list[str] = field(default_factory=list)  # further files of this part (npy mask)
+
+
+@dataclass
+class Manifest:
+    format: str
+    shape: list[int]  # [time, instrument, feature]
+    features: list[str]
+    instruments: list[str]
+    time_range: list[int]  # first and last entry of times.npy
+    chunk: list[int]  # [time, instrument, feature] of one chunk
+    parts: list[Part]
+    dtype: str = "float32"
+    version: int = 1
+    moments: str | None = None  # per-chunk moments file (toolkit.data.moments), if stored
+
+    @property
+    def num_times(self) -> int:
+        return self.shape[0]
+
+    @property
+    def chunk_len(self) -> int:
+        return self.chunk[0]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Manifest:
+        parts = [Part(**p) for p in d.pop("parts")]
+        return cls(parts=parts, **d)
+
+
+def chunk_len_for(num_instruments: int, num_features: int, itemsize: int = 4) -> int:
+    """Time steps per chunk: whole cross-sections (all instruments and features of a time
+    step), as many as make about CHUNK_TARGET_BYTES. Training reads windows of consecutive
+    time steps, either of all instruments or of instruments drawn together from the same
+    few chunks (toolkit.data.samples), so a chunk read once serves many samples."""
+    row = num_instruments * num_features * itemsize
+    return int(max(16, min(65536, CHUNK_TARGET_BYTES // max(row, 1))))
+
+
+def read_manifest(root: str | Path) -> Manifest:
+    root = Path(root)
+    path = root / MANIFEST
+    if not path.is_file():
+        raise DataError(
+            f"{path}: no manifest; write the dataset with `python -m toolkit.data prepare SRC "
+            f"{root}` (or point data.path at a directory that has one)"
+        )
+    try:
+        manifest = Manifest.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DataError(
+            f"{path}: not a dataset manifest ({exc}); prepare the dataset again"
+        ) from exc
+    if manifest.format not in FORMATS:
+        raise DataError(f"{path}: format={manifest.format}: unknown; allowed: {', '.join(FORMATS)}")
+    return manifest
+
+
+def check_files(root: str | Path, manifest: Manifest) -> None:
+    """Every file the manifest lists exists and has the size it was written with."""
+    root = Path(root)
+    for name in (TIMES, manifest.moments):
+        if name is not None and not (root / name).is_file():
+            raise DataError(f"{root / name}: missing; prepare the dataset again")
+    for part in manifest.parts:
+        for rel, expected in [(part.path, part.num_bytes)] + [(e, None) for e in part.extra]:
+            path = root / rel
+            if not path.is_file():
+                raise DataError(
+                    f"{path}: missing (listed in {root / MANIFEST}); restore it or prepare "
+                    f"the dataset again"
+                )
+            size = path.stat().st_size
+            if expected is not None and size != expected:
+                raise DataError(
+                    f"{path}: {size} bytes, the manifest says {expected} (truncated or "
+                    f"rewritten); restore it or prepare the dataset again"
+                )
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    tmp = root / (MANIFEST + ".tmp")
+    tmp.write_text(manifest.to_json())
+    os.replace(tmp, root / MANIFEST)

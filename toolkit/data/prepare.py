@@ -1,0 +1,222 @@
+"""`python -m toolkit.data prepare SRC OUT`: convert CSV, Parquet or NumPy files into the
+dataset layout (toolkit.data.manifest), written under a temporary name and renamed at the end.
+
+Sources:
+- CSV or Parquet, long format: one row per (time, instrument), columns `time`, `instrument`
+  and one per feature; an empty cell or null is a missing value. SRC may be a directory of
+  such files (e.g. one per date); rows are pivoted to [time, instrument, feature].
+  A time column of dates or timestamps becomes days since 1970-01-01; integers stay as they are.
+  Files that do not overlap in time are converted one at a time (prepare_long), so a
+  date-partitioned source larger than memory converts.
+- NumPy: a .npy of [time, instrument, feature] or [time, instrument] (NaN: missing), or a
+  .npz with `values` and optional `mask`, `times`, `instruments`, `features`.
+
+The chunk is [chunk_len, all instruments, all features] with chunk_len chosen for about
+1 MiB (toolkit.data.manifest.chunk_len_for): training reads windows of consecutive time
+steps, so a chunk holds whole cross-sections of consecutive time steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.data.manifest import DataError, Manifest
+from toolkit.data.writer import DatasetWriter, write_dataset
+
+SUFFIXES = (".csv", ".parquet", ".npy", ".npz")
+
+
+def source_files(src: Path) -> list[Path]:
+    if src.is_dir():
+        files = sorted(p for p in src.iterdir() if p.suffix in SUFFIXES)
+        if not files:
+            raise DataError(f"{src}: no {', '.join(SUFFIXES)} files in this directory")
+        kinds = {p.suffix for p in files}
+        if len(kinds) > 1:
+            raise DataError(f"{src}: mixes {', '.join(sorted(kinds))} files; use one kind")
+        return files
+    if not src.is_file():
+        raise DataError(f"{src}: no such file or directory")
+    if src.suffix not in SUFFIXES:
+        raise DataError(f"{src}: unknown kind of file; use one of {', '.join(SUFFIXES)}")
+    return [src]
+
+
+def _read_table(path: Path, columns: list[str] | None = None):
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix == ".csv":
+            options = pcsv.ConvertOptions(include_columns=columns) if columns else None
+            return pcsv.read_csv(path, convert_options=options)
+        return pq.read_table(path, columns=columns)
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
+        raise DataError(f"{path}: cannot be read ({exc}); check the file") from exc
+
+
+def _times_as_int(column) -> np.ndarray:
+    import pyarrow as pa
+
+    if pa.types.is_integer(column.type):
+        return column.to_numpy().astype(np.int64)
+    if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
+        days = column.cast(pa.timestamp("s")).to_numpy().astype("datetime64[D]")
+        return days.astype(np.int64)
+    return np.asarray(column.to_pylist(), dtype="datetime64[D]").astype(np.int64)
+
+
+def _column_names(path: Path) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix == ".csv":
+            return pcsv.open_csv(path).schema.names  # reads the first block only
+        return pq.read_schema(path).names
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise DataError(f"{path}: cannot be read ({exc}); check the file") from exc
+
+
+def _keys(path: Path, time_column: str, instrument_column: str):
+    """Pass 1 reads only the two key columns of a file: its times and instruments."""
+    import pyarrow as pa
+
+    names = _column_names(path)
+    for column in (time_column, instrument_column):
+        if column not in names:
+            raise DataError(
+                f"{path}: no column {column!r}; it has {', '.join(names)} "
+                f"(use --time-column/--instrument-column)"
+            )
+    keys = _read_table(path, [time_column, instrument_column])
+    times = _times_as_int(keys.column(time_column))
+    instruments = np.asarray(keys.column(instrument_column).cast(pa.string()).to_pylist())
+    features = [c for c in names if c not in (time_column, instrument_column)]
+    return times, instruments, features
+
+
+def _pivot(table, times, instruments, features, time_column, instrument_column, where: Path):
+    """Long rows -> dense [len(times), len(instruments), len(features)] values and mask."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t_idx = np.searchsorted(times, _times_as_int(table.column(time_column)))
+    inst = np.asarray(table.column(instrument_column).cast(pa.string()).to_pylist())
+    i_idx = np.searchsorted(instruments, inst)
+    if len(np.unique(t_idx * len(instruments) + i_idx)) != len(t_idx):
+        raise DataError(f"{where}: a (time, instrument) pair appears twice; deduplicate")
+    values = np.full((len(times), len(instruments), len(features)), np.nan, np.float32)
+    mask = np.zeros(values.shape, np.uint8)
+    for j, feature in enumerate(features):
+        col = table.column(feature).cast(pa.float32())
+        values[t_idx, i_idx, j] = col.to_numpy(zero_copy_only=False)
+        mask[t_idx, i_idx, j] = pc.is_valid(col).to_numpy(zero_copy_only=False)
+    mask[np.isnan(values) & mask.astype(bool)] = 0  # a NaN cell in a source is a missing value
+    return values, mask
+
+
+def prepare_long(
+    files: list[Path],
+    out: Path,
+    fmt: str,
+    chunk_len: int | None,
+    time_column: str = "time",
+    instrument_column: str = "instrument",
+) -> Manifest:
+    """Two passes: the key columns of every file (the time index and the instrument
+    universe), then one file at a time, pivoted and appended in time order. Memory holds one
+    source file and one part, so a source larger than memory converts when it is split by
+    date into files that do not overlap in time (files that do are read all at once)."""
+    keys = [_keys(p, time_column, instrument_column) for p in files]
+    features = keys[0][2]
+    for path, (_, _, other) in zip(files, keys, strict=True):
+        if other != features:
+            raise DataError(
+                f"{path}: features {other} differ from {files[0]}'s {features}; use one schema"
+            )
+    times = np.unique(np.concatenate([k[0] for k in keys]))
+    instruments = np.unique(np.concatenate([k[1] for k in keys]))
+    order = sorted(range(len(files)), key=lambda i: keys[i][0].min() if len(keys[i][0]) else 0)
+    spans = [(keys[i][0].min(), keys[i][0].max()) for i in order if len(keys[i][0])]
+    disjoint = all(a[1] < b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))
+    groups = [[files[i] for i in order]] if not disjoint else [[files[i]] for i in order]
+    with DatasetWriter(out, times, list(instruments), features, fmt, chunk_len) as writer:
+        for group in groups:
+            table = _concat(
+                [_read_table(p) for p in group], [time_column, instrument_column, *features]
+            )
+            if table.num_rows == 0:
+                continue
+            t = _times_as_int(table.column(time_column))
+            lo, hi = np.searchsorted(times, t.min()), np.searchsorted(times, t.max()) + 1
+            values, mask = _pivot(
+                table,
+                times[lo:hi],
+                instruments,
+                features,
+                time_column,
+                instrument_column,
+                group[0] if len(group) == 1 else group[0].parent,
+            )
+            writer.append(values, mask)
+    return writer.manifest
+
+
+def _concat(tables, columns):
+    import pyarrow as pa
+
+    return pa.concat_tables([t.select(columns) for t in tables], promote_options="permissive")
+
+
+def from_numpy(path: Path):
+    if path.suffix == ".npy":
+        values = np.load(path)
+        extra: dict = {}
+    else:
+        with np.load(path, allow_pickle=False) as z:
+            extra = {k: z[k] for k in z.files}
+        if "values" not in extra:
+            raise DataError(
+                f"{path}: no 'values' array; the .npz needs values [time, instrument, feature]"
+            )
+        values = extra.pop("values")
+    if values.ndim == 2:
+        values = values[:, :, None]
+    if values.ndim != 3:
+        raise DataError(f"{path}: shape {values.shape}; expected [time, instrument, feature]")
+    t, n, f = values.shape
+    values = values.astype(np.float32)
+    mask = extra.get("mask")
+    mask = ~np.isnan(values) if mask is None else mask.astype(bool) & ~np.isnan(values)
+    times = extra.get("times", np.arange(t, dtype=np.int64))
+    instruments = [str(x) for x in extra.get("instruments", [f"I{i:05d}" for i in range(n)])]
+    features = [str(x) for x in extra.get("features", [f"f{j}" for j in range(f)])]
+    if f == 1 and "features" not in extra:
+        features = ["ret"]
+    return values, mask.astype(np.uint8), np.asarray(times, np.int64), instruments, features
+
+
+def prepare(
+    src: str | Path,
+    out: str | Path,
+    fmt: str = "hdf5",
+    chunk_len: int | None = None,
+    time_column: str = "time",
+    instrument_column: str = "instrument",
+) -> Manifest:
+    if Path(out).exists():  # before reading a large source
+        raise DataError(f"{out}: already exists; remove it or choose another output directory")
+    files = source_files(Path(src))
+    if files[0].suffix in (".npy", ".npz"):
+        if len(files) > 1:
+            raise DataError(f"{src}: one NumPy file at a time")
+        values, mask, times, instruments, features = from_numpy(files[0])
+        return write_dataset(
+            out, values, mask, times, instruments, features, fmt=fmt, chunk_len=chunk_len
+        )
+    return prepare_long(files, Path(out), fmt, chunk_len, time_column, instrument_column)

@@ -1,0 +1,93 @@
+"""What training needs of a dataset, checked before any rank starts (numpy only, no torch:
+the launcher imports this on every launch).
+
+Every problem is a DataError with one line naming the file or field and what to do: a
+missing or truncated file, a feature name not in the manifest, NaNs outside the mask, a
+window longer than a split's period, a model whose width does not fit the samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from toolkit.config.data import DataConfig, effective_embargo
+from toolkit.data.manifest import MANIFEST, DataError
+from toolkit.data.reader import DatasetReader
+from toolkit.data.samples import Period, SampleSpec, check_periods, split_periods
+from toolkit.data.synthetic import cached_synthetic
+
+
+@dataclass
+class Opened:
+    reader: DatasetReader
+    spec: SampleSpec
+    periods: dict[str, Period]
+    features: list[int]  # indices of the input features
+
+    @property
+    def num_inputs(self) -> int:
+        n = self.reader.manifest.shape[1]
+        return len(self.features) * (n if self.spec.mode == "cross_section" else 1)
+
+    @property
+    def num_targets(self) -> int:
+        return self.reader.manifest.shape[1] if self.spec.mode == "cross_section" else 1
+
+
+def dataset_path(cfg: DataConfig) -> Path:
+    if cfg.path:
+        return Path(cfg.path).expanduser()
+    return cached_synthetic(
+        cfg.cache_dir, cfg.synthetic_times, cfg.synthetic_instruments, cfg.synthetic_format
+    )
+
+
+def open_dataset(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Opened:
+    root = dataset_path(cfg)
+    reader = DatasetReader(root, cache_bytes=cfg.cache_mib << 20)
+    m = reader.manifest
+    names = cfg.features or m.features
+    unknown = [f for f in [*names, cfg.target_feature] if f not in m.features]
+    if unknown:
+        raise DataError(
+            f"{root / MANIFEST}: feature {unknown[0]!r} (data.features/data.target_feature) is "
+            f"not in the dataset; it has: {', '.join(m.features)}"
+        )
+    spec = SampleSpec(cfg.seq_len, cfg.horizon, cfg.sample, m.features.index(cfg.target_feature))
+    periods = split_periods(
+        m.num_times, cfg.val_fraction, cfg.test_fraction, effective_embargo(cfg)
+    )
+    check_periods(periods, spec, f"{root / MANIFEST} ({m.num_times} time steps)")
+    opened = Opened(reader, spec, periods, [m.features.index(f) for f in names])
+    if num_series != opened.num_inputs:
+        raise DataError(
+            f"model.num_series={num_series}: {root} gives {opened.num_inputs} inputs per time "
+            f"step with data.sample={cfg.sample}; use model.num_series={opened.num_inputs}"
+        )
+    if (num_targets or num_series) != opened.num_targets:
+        raise DataError(
+            f"model.num_targets={num_targets}: data.sample={cfg.sample} has "
+            f"{opened.num_targets} targets per sample; use model.num_targets={opened.num_targets}"
+        )
+    return opened
+
+
+def verify(reader: DatasetReader) -> None:
+    """Reads every chunk once: damaged files and NaNs outside the mask fail here, not at
+    some step hours into training."""
+    for _ in reader.iter_chunks():
+        pass
+    if len(reader.times) > 1 and not (np.diff(reader.times) > 0).all():
+        raise DataError(f"{reader.root}: the time index is not strictly increasing")
+
+
+def prepare(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Path:
+    """The launcher's step: generate the synthetic market if needed, then check everything."""
+    opened = open_dataset(cfg, num_series, num_targets)
+    if cfg.verify:
+        verify(opened.reader)
+    opened.reader.close()
+    return opened.reader.root
