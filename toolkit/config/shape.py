@@ -7,6 +7,8 @@ model and the benchmarks all take the shape from here, so they cannot disagree a
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from toolkit.config.cluster import ClusterConfig
 from toolkit.config.trainer import TrainerConfig
 
@@ -56,3 +58,21 @@ def split_global_batch(global_batch: int, world: int, grad_accum: int) -> tuple[
     divisors = [a for a in range(1, per_rank + 1) if per_rank % a == 0]
     accum = min(divisors, key=lambda a: (abs(a - grad_accum), -a))  # a tie: less memory
     return per_rank // accum, accum
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """Where one rank's micro-batches sit in a step's global batch: the data loaders' plans
+    (toolkit.train.data.BatchPlan, toolkit.data.loader.SamplePlan) share it, so the trainer
+    can re-split either on resume."""
+
+    seed: int
+    seq_len: int
+    micro_batch_size: int
+    grad_accum: int
+    world_size: int
+    rank: int
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.world_size

@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import json
 import signal
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from toolkit.config.data import DataConfig
+from toolkit.config.shape import BatchShape
 from toolkit.data.manifest import DataError
 from toolkit.data.reader import DatasetReader
 from toolkit.data.samples import Normalisation, Period, SampleOrder, SampleSpec, fit_normalisation
@@ -36,20 +36,7 @@ from toolkit.data.training import Opened, open_dataset
 NEVER = 1 << 62  # the step sampler's end: training stops by step count, not by the sampler
 
 
-@dataclass(frozen=True)
-class SamplePlan:
-    """The same fields as toolkit.train.data.BatchPlan, so Trainer can re-split it."""
-
-    seed: int
-    seq_len: int
-    micro_batch_size: int
-    grad_accum: int
-    world_size: int
-    rank: int
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.grad_accum * self.world_size
+SamplePlan = BatchShape  # the same shape as the text loader's plan (Trainer re-splits it)
 
 
 class Windows:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from toolkit.config.data import DataConfig
+from toolkit.config.shape import BatchShape
 
 # Re-exported: file preparation lives in a torch-free module so the launcher stays light.
 from toolkit.train.data_files import builtin_corpus, prepare  # noqa: F401
@@ -92,17 +93,8 @@ def open_sources(cfg: DataConfig, vocab_size: int) -> dict[str, Source]:
 
 
 @dataclass(frozen=True)
-class BatchPlan:
-    seed: int
-    seq_len: int
-    micro_batch_size: int
-    grad_accum: int
-    world_size: int
-    rank: int
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.grad_accum * self.world_size
+class BatchPlan(BatchShape):
+    """The text and synthetic-token loaders' plan: windows drawn per (seed, split, step)."""
 
     def starts(self, source_len: int, split: str, step: int) -> np.ndarray:
         """Window starts of the whole global batch of `step`."""
