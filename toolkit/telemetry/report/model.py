@@ -10,6 +10,7 @@ from typing import Any
 MEASURED_OF_TERM = {
     "compute": "compute_s",
     "communication": "comm_busy_s",
+    "exposed_communication": "comm_exposed_s",
     "optimizer": "optimizer_step_s",
     "data_wait": "data_wait_s",
     "step": "step_time_s",
@@ -39,10 +40,11 @@ def predicted_terms(job: Any, world_size: int) -> tuple[dict[str, float], str]:
 
         time = predict_job(job, world_size).time
         return {
-            "compute": max(float(time["compute_s"]), float(time["memory_s"])),
-            "communication": float(time["communication_s"]),
+            "compute": float(time["compute_s"]),  # GEMMs, attention, elementwise, op overhead
+            "communication": float(time["communication_total_s"]),
+            "exposed_communication": float(time["communication_s"]),
             "optimizer": float(time["optimizer_s"]),
-            "data_wait": float(time.get("data_wait_s", 0.0)),
+            "data_wait": float(time["data_wait_s"]),
             "step": float(time["step_s"]),
         }, ""
     except Exception as exc:  # noqa: BLE001 - the model must never break the report
