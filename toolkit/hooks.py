@@ -17,15 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from toolkit.errors import EXIT_OK
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from toolkit.events import StepRecord
-
-from toolkit.errors import EXIT_OK, EXIT_PREEMPTED, EXIT_SAVE_FAILED
-
-__all__ = ["EXIT_OK", "EXIT_PREEMPTED", "EXIT_SAVE_FAILED", "CommitStatus", "Hook", "Stop"]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from tests.checkpoint.conftest import (
     wait_for,
 )
 from toolkit.checkpoint.manifest import verify
-from toolkit.hooks import EXIT_SAVE_FAILED
+from toolkit.errors import EXIT_SAVE_FAILED
 
 
 def test_sigkill_during_an_async_save_resumes_from_the_previous_commit(tmp_path, reference, start):

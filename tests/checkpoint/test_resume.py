@@ -16,7 +16,7 @@ from tests.checkpoint.conftest import (
     wait_for,
 )
 from toolkit.checkpoint.manifest import verify
-from toolkit.hooks import EXIT_PREEMPTED
+from toolkit.errors import EXIT_PREEMPTED
 
 
 def test_an_uninterrupted_checkpointed_run_matches_the_reference(checkpointed_run, reference):

@@ -28,9 +28,14 @@ from toolkit.checkpoint.trust import UnsafeCheckpoint
 from toolkit.config.checkpoint import CheckpointConfig
 from toolkit.config.fault import FaultConfig
 from toolkit.distributed.env import restart_count
-from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED, UserError
+from toolkit.errors import (
+    EXIT_CHECKPOINT_UNUSABLE,
+    EXIT_RESUME_REFUSED,
+    EXIT_SAVE_FAILED,
+    UserError,
+)
 from toolkit.events import Event, Sink, StepRecord
-from toolkit.hooks import EXIT_SAVE_FAILED, CommitStatus, Hook, Stop, TrainerView
+from toolkit.hooks import CommitStatus, Hook, Stop, TrainerView
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,9 @@ from types import FrameType
 from typing import Any, Protocol
 
 from toolkit.distributed.env import restart_count
+from toolkit.errors import EXIT_PREEMPTED, EXIT_SAVE_FAILED
 from toolkit.events import Event, Sink, StepRecord
 from toolkit.hooks import (
-    EXIT_PREEMPTED,
-    EXIT_SAVE_FAILED,
     CommitStatus,
     Hook,
     Stop,
