@@ -35,13 +35,20 @@ def launch(
         p for p in (str(REPO), full_env.get("PYTHONPATH")) if p
     )
     full_env.update(env or {})
+    return run_module("toolkit.launch", *overrides, env=full_env, timeout=timeout)
+
+
+def run_module(
+    module: str, *args: str, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS...` in the repository root with exactly `env`; output as text."""
     return subprocess.run(
-        [sys.executable, "-m", "toolkit.launch", *overrides],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=REPO,
-        env=full_env,
+        env=env,
     )
 
 

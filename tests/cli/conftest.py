@@ -4,11 +4,11 @@ no site or user config directory of the machine in the way."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_module
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,14 +24,7 @@ def isolated_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def toolkit(tmp_path: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 120):
     """`toolkit ARGS...` (python -m toolkit.cli) in the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", "toolkit.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=env or isolated_env(tmp_path),
-    )
+    return run_module("toolkit.cli", *args, env=env or isolated_env(tmp_path), timeout=timeout)
 
 
 @pytest.fixture
