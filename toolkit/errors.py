@@ -14,6 +14,7 @@ EXIT_CHECKPOINT_UNUSABLE = 65  # EX_DATAERR: no checkpoint can be resumed, or a 
 EXIT_SAVE_FAILED = 74  # EX_IOERR: stopped because a checkpoint could not be written
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpointed after a signal; relaunch to resume
 EXIT_RESUME_REFUSED = 78  # EX_CONFIG: the run's config does not fit the checkpoint's
+EXIT_HANG = 79  # a rank made no progress for fault.hang_timeout_s; stacks dumped, then ended
 
 USER_ERROR_EXITS = frozenset({EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED})
 
