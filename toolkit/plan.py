@@ -39,7 +39,7 @@ class Plan:
         return [
             f"trainer.micro_batch_size={lay.micro_batch_size}",
             f"trainer.grad_accum={lay.grad_accum}",
-            f"parallel.replicate={lay.replicate}",
+            f"parallel.dp_replicate={lay.replicate}",
             f"parallel.activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"parallel.reshard_after_forward={str(lay.reshard_after_forward).lower()}",
         ]

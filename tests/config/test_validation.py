@@ -22,7 +22,7 @@ BAD_INPUTS = [
     (["trainer.stepz=3"], "trainer.stepz: unknown key 'stepz' in trainer; valid keys: steps"),
     (
         ["trainer.global_batch_size=6", "trainer.grad_accum=2"],
-        "trainer.global_batch_size=6: must be a positive multiple of world size x grad_accum = 2 x 2 = 4",
+        "trainer.global_batch_size=6: must be a positive multiple of data-parallel ranks (the world size over tp x pp) x grad_accum = 2 x 2 = 4",
     ),
     (
         ["data.seq_len=1024"],
@@ -88,7 +88,10 @@ def test_time_series_model_needs_returns_data() -> None:
 
 
 def test_hsdp_replicate_must_divide_world() -> None:
-    with pytest.raises(ConfigError, match="parallel.replicate=2: must divide the world size 3"):
+    with pytest.raises(
+        ConfigError,
+        match=r"parallel: pp=1 x dp_replicate=2 x tp=1 = 2 does not divide the world size 3",
+    ):
         validate(job("parallel=hsdp", "cluster.tasks_per_node=3"))
 
 

@@ -29,9 +29,10 @@ import torch.nn.functional as F
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
 from toolkit.config.optim import OptimConfig
-from toolkit.config.parallel import ParallelConfig
+from toolkit.config.parallel import MeshShape, ParallelConfig
 from toolkit.config.precision import PrecisionConfig
-from toolkit.distributed.fsdp import build_mesh, clip_grad_norm_, parallelize
+from toolkit.distributed.fsdp import clip_grad_norm_, parallelize
+from toolkit.distributed.mesh import build_mesh
 from toolkit.perfmodel import comm, kernels, profile
 from toolkit.perfmodel.model import Layout, fsdp_unit_collectives
 from toolkit.train.models import build_model
@@ -138,7 +139,8 @@ def plain_and_sharded(
     plain_s = timer(lambda: plain(tokens, tokens).backward(), device)
     model = build_model(cfg).to(device)
     par = ParallelConfig()
-    parallelize(model, build_mesh(par, device.type), par, PrecisionConfig())
+    mesh = build_mesh(MeshShape(dp_shard=dist.get_world_size()), device.type)["dp_shard"]
+    parallelize(model, mesh, par, PrecisionConfig())
     return plain_s, timer(lambda: model(tokens, tokens).backward(), device), model
 
 

@@ -34,7 +34,7 @@ def problems(t: TrainerConfig, world: int) -> list[str]:
         if t.global_batch_size < unit or t.global_batch_size % unit:
             p.append(
                 f"trainer.global_batch_size={t.global_batch_size}: must be a positive multiple of "
-                f"world size x grad_accum = {world} x {t.grad_accum} = {unit}"
+                f"data-parallel ranks (the world size over tp x pp) x grad_accum = {world} x {t.grad_accum} = {unit}"
             )
     else:
         p += below_minimum("trainer", t, {"micro_batch_size": 1})

@@ -51,8 +51,10 @@ def problems(job: JobConfig, runtime_checks: Sequence[RuntimeCheck] = ()) -> lis
     found += nccl.problems(job.nccl, job.cluster.nodes)
     if shape_known:
         world = world_size(job.cluster)
-        found += trainer.problems(job.trainer, world)
-        found += parallel.problems(job.parallel, world)
+        mesh = parallel.mesh_shape(job.parallel, world)
+        # The batch is split over the data-parallel ranks only (tp and pp peers share theirs).
+        found += trainer.problems(job.trainer, mesh.dp if not isinstance(mesh, str) else world)
+        found += parallel.problems(job.parallel, world, job.model, job.trainer.grad_accum)
         found += collectives.problems(job.collectives, world)
         for check in runtime_checks:
             found += check(job, world)

@@ -1,29 +1,17 @@
-"""FSDP2 wrapping: device mesh, per-block fully_shard, mixed precision, AC and compile."""
+"""FSDP2 wrapping: per-block fully_shard over the data-parallel mesh, mixed precision, AC and
+compile (the mesh itself: toolkit.distributed.mesh)."""
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def build_mesh(cfg: ParallelConfig, device_type: str) -> DeviceMesh:
-    """1-D ('shard',) mesh for FSDP; 2-D ('replicate', 'shard') for HSDP."""
-    world = dist.get_world_size()
-    if cfg.replicate > 1:
-        return init_device_mesh(
-            device_type,
-            (cfg.replicate, world // cfg.replicate),
-            mesh_dim_names=("replicate", "shard"),
-        )
-    return init_device_mesh(device_type, (world,), mesh_dim_names=("shard",))
 
 
 def mixed_precision(cfg: PrecisionConfig) -> MixedPrecisionPolicy:

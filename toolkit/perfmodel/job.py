@@ -18,7 +18,7 @@ def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
         seq_len=job.data.seq_len,
         param_dtype=job.precision.param_dtype,
         reduce_dtype=job.precision.reduce_dtype,
-        replicate=job.parallel.replicate,
+        replicate=job.parallel.dp_replicate,
         reshard_after_forward=job.parallel.reshard_after_forward,
         activation_checkpointing=job.parallel.activation_checkpointing,
     )

@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 
 from toolkit.config.job import JobConfig
+from toolkit.config.parallel import mesh_shape
 from toolkit.config.shape import micro_batch_size
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
-from toolkit.distributed.fsdp import build_mesh, local_param_bytes, parallelize
+from toolkit.distributed.fsdp import local_param_bytes, parallelize
+from toolkit.distributed.mesh import build_mesh, data_parallel_mesh, record_layout
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
@@ -125,8 +127,14 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         model = model.to("meta")
     else:
         model.reset_parameters()  # on CPU, before sharding: identical for every world size
-    mesh = build_mesh(job.parallel, device.type)
-    model = parallelize(model, mesh, job.parallel, job.precision)
+    shape = mesh_shape(job.parallel, dist.get_world_size())
+    if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
+        raise ValueError(shape)
+    if shape.tp > 1 or shape.pp > 1:
+        raise NotImplementedError(f"{shape.describe()}: tensor and pipeline parallelism land next")
+    mesh = build_mesh(shape, device.type)
+    record_layout(shape, device, run_dir / "mesh.json")
+    model = parallelize(model, data_parallel_mesh(mesh, shape), job.parallel, job.precision)
     if job.parallel.meta_init:
         model.to_empty(device=device)
         torch.manual_seed(job.seed + env.rank)
@@ -134,15 +142,15 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     else:
         model.to(device)
 
-    world = dist.get_world_size()
     write_shard_info(model, run_dir / "metrics" / f"rank{env.rank}-model.json")
+    # Batches are split over the data-parallel ranks; tp and pp peers read the same slice.
     plan = BatchPlan(
         seed=job.seed,
         seq_len=job.data.seq_len,
-        micro_batch_size=micro_batch_size(job.trainer, world),
+        micro_batch_size=micro_batch_size(job.trainer, shape.dp),
         grad_accum=job.trainer.grad_accum,
-        world_size=world,
-        rank=env.rank,
+        world_size=shape.dp,
+        rank=shape.dp_rank(env.rank),
     )
     loader, val_loader, eval_metric = build_loaders(job, plan, device, run_dir, env)
 

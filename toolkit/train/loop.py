@@ -140,13 +140,14 @@ class Trainer:
         plan = self.loader.plan
         if global_batch == plan.global_batch_size:
             return
-        split = split_global_batch(global_batch, self.world_size, plan.grad_accum)
+        dp = plan.world_size  # data-parallel ranks (tp and pp peers share a slice)
+        split = split_global_batch(global_batch, dp, plan.grad_accum)
         if split is None:
             raise UserError(
-                f"cannot resume on {self.world_size} ranks: the checkpoint's global batch of "
+                f"cannot resume on {dp} data-parallel ranks: the checkpoint's global batch of "
                 f"{global_batch} sequences does not split over them; resume on a world size "
                 f"that divides {global_batch}, or set trainer.global_batch_size (a multiple of "
-                f"{self.world_size}) with checkpoint.allow_config_change=true",
+                f"{dp}) with checkpoint.allow_config_change=true",
                 EXIT_RESUME_REFUSED,
             )
         micro, accum = split
@@ -156,7 +157,7 @@ class Trainer:
             global_batch,
             micro,
             accum,
-            self.world_size,
+            dp,
             plan.micro_batch_size,
             plan.grad_accum,
         )
