@@ -66,27 +66,55 @@ def communication(
     reshard_after_forward: bool,
 ) -> dict[str, float]:
     """Bytes each rank receives and collective calls per optimizer step, by collective."""
-    p_bytes = DTYPE_BYTES[param_dtype]
-    r_bytes = DTYPE_BYTES[reduce_dtype]
     total = param_counts(model)["total"]
     block = block_params(model.dim, model.mlp_ratio)
-    root = total - model.num_layers * block
+    return fsdp_communication(
+        total=total,
+        block=block,
+        blocks=model.num_layers,
+        shard_size=shard_size,
+        replicate=replicate,
+        grad_accum=grad_accum,
+        param_dtype=param_dtype,
+        reduce_dtype=reduce_dtype,
+        reshard_after_forward=reshard_after_forward,
+    )
+
+
+def fsdp_communication(
+    *,
+    total: float,
+    block: float,
+    blocks: int,
+    shard_size: int,
+    replicate: int,
+    grad_accum: int,
+    param_dtype: str,
+    reduce_dtype: str,
+    reshard_after_forward: bool,
+) -> dict[str, float]:
+    """FSDP2/HSDP traffic of a rank holding `total` parameters: `blocks` block units of
+    `block` parameters each and a root unit of the rest (none on a middle pipeline stage).
+    Under tensor parallelism the counts are the rank's tensor-parallel shard."""
+    p_bytes = DTYPE_BYTES[param_dtype]
+    r_bytes = DTYPE_BYTES[reduce_dtype]
+    root = total - blocks * block
     frac = ring_fraction(shard_size)
-    units = model.num_layers + 1
+    units = blocks + (1 if root > 0 else 0)
     # Forward gathers every unit once per micro-step; with reshard_after_forward backward
     # gathers every block but the last again (the last is kept, the root is not resharded).
-    regathered = model.num_layers - 1 if reshard_after_forward else 0
+    regathered = blocks - 1 if reshard_after_forward else 0
     gathers = shard_size > 1
     r = replicate
     return {
         "allgather_bytes": grad_accum * (total + regathered * block) * p_bytes * frac,
         "allgather_calls": grad_accum * (units + regathered) if gathers else 0,
         "first_allgather_bytes": grad_accum * (root + block) * p_bytes * frac,
-        "first_allgather_calls": 2 * grad_accum if gathers else 0,
+        "first_allgather_calls": (1 + int(root > 0)) * grad_accum if gathers else 0,
         # Gradients are reduced once per step (non-final micro-steps skip the reduce-scatter).
         "reduce_scatter_bytes": total * r_bytes * frac,
         "reduce_scatter_calls": units if gathers else 0,
-        "last_reduce_scatter_bytes": root * r_bytes * frac,
+        "last_reduce_scatter_bytes": (root if root > 0 else block) * r_bytes * frac,
         "replica_allreduce_bytes": 2.0 * (r - 1) / r * total / shard_size * r_bytes if r > 1 else 0,
         "replica_allreduce_calls": units if r > 1 else 0,
         "small_allreduce_calls": SMALL_ALL_REDUCES if shard_size * r > 1 else 0,

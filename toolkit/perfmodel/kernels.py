@@ -29,8 +29,11 @@ BACKWARD_BYTES_FACTOR = 2.0  # each elementwise backward reads input and grad, w
 # SDPA, transpose, reshape, GELU, 2 adds = 19; backward launches about twice as many.
 BLOCK_FORWARD_OPS = 19
 BACKWARD_OPS_FACTOR = 2.0
-# Root forward: arange, 2 lookups, add, final norm, head, float, 2 flattens, log_softmax, nll.
-ROOT_FORWARD_OPS = 11
+# Root forward: arange, 2 lookups, add (embedding: 4); final norm, head, float, 2 flattens,
+# log_softmax, nll (head and loss: 7).
+EMBEDDING_FORWARD_OPS = 4
+HEAD_FORWARD_OPS = 7
+ROOT_FORWARD_OPS = EMBEDDING_FORWARD_OPS + HEAD_FORWARD_OPS
 # Foreach AdamW (torch.optim.adam._multi_tensor_adam, not capturable), fp32 words moved per
 # parameter: weight-decay mul_ 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2,
 # div_ 2, addcdiv_ 4 = 22; clipping: foreach norm 1 + foreach mul_ 2 = 3.
@@ -41,18 +44,35 @@ TENSORS_PER_BLOCK = 8  # norm1 w/b, qkv, proj, norm2 w/b, fc, proj
 ROOT_TENSORS = 5  # token and position embeddings, final norm w/b, head
 
 
-def gemm_shapes(model: ModelConfig, tokens: int, width: int) -> list[tuple[str, int, int, int]]:
-    """(name, m, n, k) of the forward GEMMs of one micro-step on `tokens` rows: the block's
-    four linears (per layer) and the head (`width` outputs)."""
+def shard(n: int, tp: int) -> int:
+    """One tensor-parallel rank's share of a dimension split over `tp` ranks."""
+    return -(-n // tp)
+
+
+def block_gemm_shapes(
+    model: ModelConfig, tokens: int, tp: int = 1
+) -> list[tuple[str, int, int, int]]:
+    """(name, m, n, k) of one block's forward GEMMs on `tokens` rows, on one of `tp` ranks:
+    column-parallel qkv and fc split their outputs (n / tp), row-parallel projections their
+    inputs (k / tp); the rows are the whole micro-batch (sequence parallelism all-gathers
+    them before the column-parallel GEMMs)."""
     d = model.dim
     hidden = int(d * model.mlp_ratio)
-    block = [
-        ("qkv", tokens, 3 * d, d),
-        ("attn_proj", tokens, d, d),
-        ("fc", tokens, hidden, d),
-        ("mlp_proj", tokens, d, hidden),
+    return [
+        ("qkv", tokens, shard(3 * d, tp), d),
+        ("attn_proj", tokens, d, shard(d, tp)),
+        ("fc", tokens, shard(hidden, tp), d),
+        ("mlp_proj", tokens, d, shard(hidden, tp)),
     ]
-    return block * model.num_layers + [("head", tokens, width, d)]
+
+
+def gemm_shapes(
+    model: ModelConfig, tokens: int, width: int, tp: int = 1
+) -> list[tuple[str, int, int, int]]:
+    """(name, m, n, k) of the forward GEMMs of one micro-step on `tokens` rows: the block's
+    four linears (per layer) and the head (`width` outputs, vocabulary-parallel under tp)."""
+    head = [("head", tokens, shard(width, tp), model.dim)]
+    return block_gemm_shapes(model, tokens, tp) * model.num_layers + head
 
 
 def backward_shapes(m: int, n: int, k: int) -> list[tuple[int, int, int]]:
@@ -65,6 +85,31 @@ def gemm_seconds(m: int, n: int, k: int, dtype: str, hw: HardwareConfig) -> floa
     return 2.0 * m * n * k / (hw.peak_flops(dtype) * hw.matmul_fraction(m, n, k, dtype))
 
 
+def forward_backward_gemm_s(m: int, n: int, k: int, dtype: str, hw: HardwareConfig) -> float:
+    forward = gemm_seconds(m, n, k, dtype, hw)
+    return forward + sum(gemm_seconds(*s, dtype, hw) for s in backward_shapes(m, n, k))
+
+
+def block_gemm_s(
+    model: ModelConfig, tokens: int, dtype: str, hw: HardwareConfig, recompute: bool, tp: int = 1
+) -> float:
+    """Seconds of one block's GEMMs for one micro-step: forward, backward (two GEMMs per
+    forward one) and, with activation checkpointing, the forward again."""
+    total = 0.0
+    for _, m, n, k in block_gemm_shapes(model, tokens, tp):
+        total += forward_backward_gemm_s(m, n, k, dtype, hw)
+        if recompute:
+            total += gemm_seconds(m, n, k, dtype, hw)
+    return total
+
+
+def head_gemm_s(
+    model: ModelConfig, tokens: int, width: int, dtype: str, hw: HardwareConfig, tp: int = 1
+) -> float:
+    """The head's GEMMs for one micro-step (never recomputed)."""
+    return forward_backward_gemm_s(tokens, shard(width, tp), model.dim, dtype, hw)
+
+
 def gemm_time(
     model: ModelConfig,
     tokens: int,
@@ -72,16 +117,11 @@ def gemm_time(
     dtype: str,
     hw: HardwareConfig,
     recompute: bool,
+    tp: int = 1,
 ) -> float:
-    """Seconds of one micro-step's GEMMs: forward, backward (two GEMMs per forward one) and,
-    with activation checkpointing, the blocks' forward again (the head is not recomputed)."""
-    total = 0.0
-    for name, m, n, k in gemm_shapes(model, tokens, width):
-        forward = gemm_seconds(m, n, k, dtype, hw)
-        total += forward + sum(gemm_seconds(*s, dtype, hw) for s in backward_shapes(m, n, k))
-        if recompute and name != "head":
-            total += forward
-    return total
+    """Seconds of one micro-step's GEMMs: every block and the head."""
+    blocks = model.num_layers * block_gemm_s(model, tokens, dtype, hw, recompute, tp)
+    return blocks + head_gemm_s(model, tokens, width, dtype, hw, tp)
 
 
 def causal_attention_flops(model: ModelConfig, tokens: int, seq_len: int) -> float:
@@ -91,12 +131,33 @@ def causal_attention_flops(model: ModelConfig, tokens: int, seq_len: int) -> flo
     return 0.5 * 12.0 * model.num_layers * model.dim * seq_len * tokens
 
 
-def attention_time(
-    model: ModelConfig, tokens: int, seq_len: int, dtype: str, hw: HardwareConfig, recompute: bool
+def block_attention_s(
+    model: ModelConfig,
+    tokens: int,
+    seq_len: int,
+    dtype: str,
+    hw: HardwareConfig,
+    recompute: bool,
+    tp: int = 1,
 ) -> float:
-    executed = causal_attention_flops(model, tokens, seq_len) * (4.0 / 3.0 if recompute else 1.0)
+    """One block's causal SDPA for one micro-step on one of `tp` ranks (num_heads / tp
+    heads each)."""
+    per_block = causal_attention_flops(model, tokens, seq_len) / model.num_layers / tp
+    executed = per_block * (4.0 / 3.0 if recompute else 1.0)
     head_dim = model.dim // model.num_heads
     return executed / (hw.peak_flops(dtype) * hw.attention_fraction(seq_len, head_dim, dtype))
+
+
+def attention_time(
+    model: ModelConfig,
+    tokens: int,
+    seq_len: int,
+    dtype: str,
+    hw: HardwareConfig,
+    recompute: bool,
+    tp: int = 1,
+) -> float:
+    return model.num_layers * block_attention_s(model, tokens, seq_len, dtype, hw, recompute, tp)
 
 
 def cross_entropy_bytes_per_logit(act_bytes: int) -> float:
@@ -106,24 +167,55 @@ def cross_entropy_bytes_per_logit(act_bytes: int) -> float:
     return cast + 2 * FP32 + 3 * FP32
 
 
-def elementwise_bytes(
-    model: ModelConfig, tokens: int, width: int, act_bytes: int, recompute: bool
+# Under tensor parallelism with sequence parallelism every non-GEMM kernel works on a shard:
+# LayerNorms, residual adds and the embedding's add on tokens / tp rows, the attention
+# output's copy and GELU on heads / tp and hidden / tp, the loss on vocabulary / tp logits,
+# the embedding's dense gradient on vocabulary / tp rows. So their bytes divide by tp.
+def block_elementwise_bytes(
+    model: ModelConfig, tokens: int, act_bytes: int, recompute: bool, tp: int = 1
 ) -> float:
-    """Bytes the non-GEMM kernels of one micro-step move."""
+    """Bytes one block's non-GEMM kernels move in one micro-step."""
     unit = tokens * model.dim * act_bytes
     forward = BLOCK_FORWARD_UNITS_BASE + BLOCK_FORWARD_UNITS_PER_RATIO * model.mlp_ratio
-    per_block = forward * (1 + BACKWARD_BYTES_FACTOR + (1 if recompute else 0))
-    # Embedding: 2 lookups + add (5 units) forward; backward zero-fills the (vocab x dim)
-    # gradient and adds the token rows into it. Final norm: 2 units forward, 4 backward.
-    embedding = 5 * unit + 2 * width * model.dim * act_bytes + 2 * unit
-    final_norm = 6 * unit
-    loss = tokens * width * cross_entropy_bytes_per_logit(act_bytes)
-    return model.num_layers * per_block * unit + embedding + final_norm + loss
+    return forward * (1 + BACKWARD_BYTES_FACTOR + (1 if recompute else 0)) * unit / tp
+
+
+def embedding_elementwise_bytes(
+    model: ModelConfig, tokens: int, width: int, act_bytes: int, tp: int = 1
+) -> float:
+    """Embedding: 2 lookups + add (5 units) forward; backward zero-fills the (vocab x dim)
+    gradient and adds the token rows into it (2 units)."""
+    unit = tokens * model.dim * act_bytes
+    return (7 * unit + 2 * width * model.dim * act_bytes) / tp
+
+
+def head_elementwise_bytes(
+    model: ModelConfig, tokens: int, width: int, act_bytes: int, tp: int = 1
+) -> float:
+    """Final norm (2 units forward, 4 backward) and the loss over the logits."""
+    unit = tokens * model.dim * act_bytes
+    return (6 * unit + tokens * width * cross_entropy_bytes_per_logit(act_bytes)) / tp
+
+
+def elementwise_bytes(
+    model: ModelConfig, tokens: int, width: int, act_bytes: int, recompute: bool, tp: int = 1
+) -> float:
+    """Bytes the non-GEMM kernels of one micro-step move."""
+    blocks = model.num_layers * block_elementwise_bytes(model, tokens, act_bytes, recompute, tp)
+    return (
+        blocks
+        + embedding_elementwise_bytes(model, tokens, width, act_bytes, tp)
+        + head_elementwise_bytes(model, tokens, width, act_bytes, tp)
+    )
+
+
+def block_ops(recompute: bool) -> float:
+    return BLOCK_FORWARD_OPS * (1 + BACKWARD_OPS_FACTOR + (1 if recompute else 0))
 
 
 def ops_per_micro_step(model: ModelConfig, recompute: bool) -> float:
-    block = BLOCK_FORWARD_OPS * (1 + BACKWARD_OPS_FACTOR + (1 if recompute else 0))
-    return model.num_layers * block + ROOT_FORWARD_OPS * (1 + BACKWARD_OPS_FACTOR)
+    root = (EMBEDDING_FORWARD_OPS + HEAD_FORWARD_OPS) * (1 + BACKWARD_OPS_FACTOR)
+    return model.num_layers * block_ops(recompute) + root
 
 
 def optimizer_bytes(local_params: float) -> float:

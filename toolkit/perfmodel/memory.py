@@ -1,0 +1,145 @@
+"""Memory per rank under FSDP2/HSDP, tensor and pipeline parallelism (pure arithmetic).
+
+Each pipeline rank holds its own blocks (and the embedding on the first, the head on the
+last); tensor parallelism splits the matmul weights and, with sequence parallelism, most
+saved activations tp ways; FSDP2 then shards what a rank holds over dp_shard. The peak of the
+layout is the peak of its most loaded pipeline rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolkit.config.model import ModelConfig
+from toolkit.perfmodel import pipeline, tp
+from toolkit.perfmodel.layout import Layout
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP32 = 4
+ADAM_STATES = 2  # exp_avg, exp_avg_sq (fp32, sharded like the parameters)
+CE_BYTES_PER_LOGIT = 12  # fp32 log-softmax output + its gradient + the input gradient
+
+
+def block_activation_units(mlp_ratio: float) -> float:
+    """Tensors one block saves for backward, in batch*seq*dim elements of the compute dtype:
+
+    norm1 input 1, norm1 output 1, q/k/v 3, attention output 1, its contiguous copy (proj
+    input) 1, norm2 input 1, norm2 output 1, fc output r, GELU output r  ->  9 + 2r (17 at r=4).
+    Flash/efficient attention keeps no seq x seq matrix; LayerNorm statistics are negligible."""
+    return tp.block_activation_units(mlp_ratio, 1)
+
+
+def output_width(model: ModelConfig) -> int:
+    return model.vocab_size if model.kind == "gpt" else (model.num_targets or model.num_series)
+
+
+def stage_memory(
+    model: ModelConfig, layout: Layout, stage: pipeline.Stage, capacity_bytes: float
+) -> dict[str, Any]:
+    """Bytes on one rank of pipeline rank `stage`. Sharded state is fp32 (the model is built
+    in fp32; FSDP2 keeps the sharded parameters in their original dtype and casts to
+    param_dtype for compute)."""
+    p_bytes = DTYPE_BYTES[layout.param_dtype]
+    r_bytes = DTYPE_BYTES[layout.reduce_dtype]
+    local = tp.local_params(model, layout.tp)
+    block = local["block"]
+    root = local["embedding"] * stage.embedding + local["head"] * stage.head
+    total = root + stage.blocks * block
+    shard = layout.shard_size
+
+    params = total * FP32 / shard
+    grads = total * FP32 / shard
+    optimizer = ADAM_STATES * total * FP32 / shard
+    # Unsharded parameters in compute dtype while computing: the root unit (it spans the whole
+    # forward and, as FSDP2's root, is not resharded after forward) plus the current block and
+    # the one prefetched. Without reshard_after_forward every block stays gathered until its
+    # backward.
+    gathered_blocks = 2 if layout.reshard_after_forward else stage.blocks
+    allgather = (root + min(gathered_blocks, stage.blocks) * block) * p_bytes
+    # Gradient staging: a unit's unsharded gradient in compute dtype plus its reduce_dtype
+    # reduce-scatter input (FSDP2 reshards the unit's parameters before reducing).
+    block_staging = block * (p_bytes + r_bytes)
+    root_staging = root * (p_bytes + r_bytes)
+
+    tokens = layout.micro_batch_size * layout.seq_len  # one micro-step on this rank
+    unit = tokens * model.dim * p_bytes
+    per_block = tp.block_activation_units(model.mlp_ratio, layout.tp) * unit
+    if layout.activation_checkpointing:
+        # Only each block's input (a sequence shard under tp) is kept; one block is
+        # rematerialised at a time in backward.
+        micro_batch = stage.blocks * unit / layout.tp + per_block
+    else:
+        micro_batch = stage.blocks * per_block
+    if stage.head:
+        micro_batch += 2 * unit / layout.tp  # final norm input and output (head input)
+    m, p, v = layout.grad_accum, layout.pp, layout.virtual_stages
+    inflight = pipeline.in_flight(layout.pp_schedule, p, m, v, stage.rank)
+    activations = inflight * micro_batch
+    logits = 0.0
+    if stage.head:
+        held = pipeline.logits_in_flight(layout.pp_schedule, m) if p > 1 else 1
+        logits = held * tokens * output_width(model) / layout.tp * CE_BYTES_PER_LOGIT
+
+    # Peak candidates (the largest is the peak):
+    # - backward, first blocks: saved activations all alive, plus either the loss working
+    #   set (just before) or the first block's gradient staging (just after);
+    # - end of backward: activations gone, the blocks' sharded gradients and the root unit's
+    #   gradient staging (the root is reduced last; the largest unit for big vocabularies);
+    # - optimizer step: gradients still alive (zero_grad(set_to_none=True) frees them after
+    #   the step); foreach AdamW holds about one parameter-shard-sized temporary.
+    # With grad_accum > 1 FSDP2 keeps every unit's unsharded gradient (in reduce_dtype) from
+    # the first micro-step until the final one reduces it.
+    accumulated = total * r_bytes if layout.grad_accum > 1 else 0.0
+    backward_peak = (
+        params + optimizer + allgather + activations + accumulated + max(logits, block_staging)
+    )
+    block_grads = (total - root) * FP32 / shard
+    end_of_backward_peak = params + optimizer + block_grads + root_staging
+    optimizer_peak = params + grads + optimizer + params
+    terms = {
+        "params_bytes": params,
+        "grads_bytes": grads,
+        "optimizer_bytes": optimizer,
+        "allgather_bytes": allgather,
+        "accumulated_grads_bytes": accumulated,
+        "activations_bytes": activations,
+        "logits_bytes": logits,
+    }
+    peak = max(backward_peak, end_of_backward_peak, optimizer_peak)
+    return {
+        "stage": stage.rank,
+        "stage_blocks": stage.blocks,
+        "micro_batches_in_flight": inflight,
+        "accumulated_grads_bytes": accumulated,
+        "capacity_bytes": capacity_bytes,
+        "fits": float(peak <= capacity_bytes),
+        "largest_term": max(terms, key=lambda k: terms[k]),
+        "params_bytes": params,
+        "grads_bytes": grads,
+        "optimizer_bytes": optimizer,
+        "allgather_bytes": allgather,
+        "staging_bytes": max(block_staging, root_staging),
+        "block_staging_bytes": block_staging,
+        "root_staging_bytes": root_staging,
+        "activations_bytes": activations,
+        "logits_bytes": logits,
+        "state_bytes": params + grads + optimizer,
+        "backward_peak_bytes": backward_peak,
+        "end_of_backward_peak_bytes": end_of_backward_peak,
+        "optimizer_peak_bytes": optimizer_peak,
+        "peak_bytes": peak,
+    }
+
+
+def memory(
+    model: ModelConfig,
+    layout: Layout,
+    capacity_bytes: float = float("inf"),
+    stages: list[pipeline.Stage] | None = None,
+) -> dict[str, Any]:
+    """Bytes per rank of the most loaded pipeline rank (the only one without pp); the
+    peak of every pipeline rank under `stage_peaks_bytes`."""
+    stages = pipeline.layout_stages(model, layout) if stages is None else stages
+    per_stage = [stage_memory(model, layout, s, capacity_bytes) for s in stages]
+    worst = max(per_stage, key=lambda m: m["peak_bytes"])
+    return {**worst, "stage_peaks_bytes": [m["peak_bytes"] for m in per_stage]}

@@ -1,0 +1,246 @@
+"""Step time and communication per rank, term by term, for every layout (pure arithmetic).
+
+Per pipeline rank, one micro-batch costs its kernels (toolkit.perfmodel.kernels, summed over
+the parts it holds), its tensor-parallel collectives (critical path, toolkit.perfmodel.tp)
+and its point-to-point sends; the pipelined part of the step is the slowest rank's
+micro-batch time x (m + (p-1)/v) (toolkit.perfmodel.pipeline). FSDP2 traffic, its exposure
+and the optimizer are per rank on top. Without pp and tp this is the FSDP/HSDP model:
+
+    step_s = gemm + attention + elementwise + overhead + exposed communication + optimizer
+             (+ tp_communication + pipeline_p2p + pipeline_bubble)
+"""
+
+from __future__ import annotations
+
+from toolkit.config.hardware import HardwareConfig
+from toolkit.config.model import ModelConfig
+from toolkit.perfmodel import comm as comm_model
+from toolkit.perfmodel import kernels, pipeline, tp
+from toolkit.perfmodel.layout import Layout
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+COMPUTE_TERMS = ("gemm", "attention", "elementwise", "overhead")
+EMBEDDING_TENSORS, HEAD_TENSORS = 2, 3  # token + position embeddings; final norm w/b, head
+
+
+def fsdp_unit_collectives(model: ModelConfig, layout: Layout, blocks: int | None = None) -> int:
+    """Unit all-gathers and reduce-scatters FSDP2 runs per step on a rank holding `blocks`
+    blocks (all of them by default), whatever the world size (copy-in/copy-out happen even
+    on one rank)."""
+    blocks = model.num_layers if blocks is None else blocks
+    units = blocks + 1
+    regathered = blocks - 1 if layout.reshard_after_forward else 0
+    return layout.grad_accum * (units + regathered) + units
+
+
+def stage_params(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, float]:
+    local = tp.local_params(model, layout.tp)
+    root = local["embedding"] * stage.embedding + local["head"] * stage.head
+    return {"block": local["block"], "total": root + stage.blocks * local["block"]}
+
+
+def fsdp_traffic(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, float]:
+    params = stage_params(model, layout, stage)
+    c = comm_model.fsdp_communication(
+        total=params["total"],
+        block=params["block"],
+        blocks=stage.blocks,
+        shard_size=layout.shard_size,
+        replicate=layout.replicate,
+        grad_accum=layout.grad_accum,
+        param_dtype=layout.param_dtype,
+        reduce_dtype=layout.reduce_dtype,
+        reshard_after_forward=layout.reshard_after_forward,
+    )
+    if layout.world_size > 1:  # the grad norm and loss all-reduces span every rank
+        c["small_allreduce_calls"] = comm_model.SMALL_ALL_REDUCES
+    return c
+
+
+def links(hw: HardwareConfig, layout: Layout) -> dict[str, tuple[float, float]]:
+    """(bandwidth per rank, latency) of each group: inside a node when the group's ranks
+    are (tp fastest, then dp_shard, dp_replicate, pp: toolkit.config.parallel.MeshShape)."""
+    inter = (
+        comm_model.inter_node_bandwidth_per_rank(hw, layout.ranks_per_node),
+        hw.inter_node_latency_s,
+    )
+    intra = (hw.intra_node_bandwidth, hw.intra_node_latency_s)
+    return {
+        "shard": intra if layout.shard_within_node else inter,
+        "replica": inter,
+        "tp": intra if layout.tp_within_node else inter,
+        "pp": intra if layout.pp_within_node else inter,
+    }
+
+
+def stage_time(
+    model: ModelConfig, layout: Layout, hw: HardwareConfig, stage: pipeline.Stage
+) -> dict[str, float]:
+    """Seconds on one pipeline rank: per micro-batch (`*_mb_s`) and per step (FSDP, optimizer)."""
+    tokens = layout.micro_batch_size * layout.seq_len
+    ac = layout.activation_checkpointing
+    dtype = layout.param_dtype
+    parts = pipeline.part_seconds(model, tokens, layout.seq_len, hw, dtype, layout.tp, ac)
+    speed = kernels.rank_speed(hw, layout.ranks_per_node)
+    slowdown = kernels.overhead_slowdown(hw, layout.ranks_per_node)
+    count = {"embedding": int(stage.embedding), "block": stage.blocks, "head": int(stage.head)}
+    per_mb = {
+        term: sum(n * parts[part][term] for part, n in count.items()) for term in COMPUTE_TERMS
+    }
+    for term in ("gemm", "attention", "elementwise"):
+        per_mb[term] /= speed
+    per_mb["overhead"] *= slowdown
+    link = links(hw, layout)
+    tp_c = tp.collectives(
+        model,
+        blocks=stage.blocks,
+        embedding=stage.embedding,
+        head=stage.head,
+        tokens=tokens,
+        act_bytes=DTYPE_BYTES[dtype],
+        tp=layout.tp,
+        recompute=ac,
+    )
+    per_mb["tp_communication"] = tp.collectives_s(tp_c, *link["tp"])
+    p2p_calls = 2 * layout.virtual_stages if layout.pp > 1 else 0  # forward out, gradient back
+    p2p = pipeline.p2p_bytes(
+        layout.micro_batch_size, layout.seq_len, model.dim, DTYPE_BYTES[dtype], layout.tp
+    )
+    per_mb["pipeline_p2p"] = comm_model.collective_s(p2p_calls * p2p, p2p_calls, *link["pp"])
+
+    m = layout.grad_accum
+    fsdp_overhead = (
+        slowdown
+        * fsdp_unit_collectives(model, layout, stage.blocks)
+        * hw.fsdp_collective_overhead_s
+    )
+    compute_s = m * sum(per_mb[t] for t in COMPUTE_TERMS) + fsdp_overhead
+    traffic = fsdp_traffic(model, layout, stage)
+    shard_bw, shard_lat = link["shard"]
+    replica_bw, replica_lat = link["replica"]
+    ct = comm_model.communication_time(
+        traffic,
+        comm_model.Links(shard_bw, shard_lat, replica_bw, replica_lat),
+        compute_s,
+        hw.comm_overlap,
+    )
+    local_params = stage_params(model, layout, stage)["total"] / layout.shard_size
+    tensors = (
+        kernels.TENSORS_PER_BLOCK * stage.blocks
+        + EMBEDDING_TENSORS * stage.embedding
+        + HEAD_TENSORS * stage.head
+    )
+    optimizer_s = (
+        kernels.optimizer_bytes(local_params) / (hw.memory_bandwidth * speed)
+        + kernels.OPTIMIZER_FOREACH_OPS * tensors * hw.optimizer_op_overhead_s * slowdown
+        + ct["small_allreduce_s"]
+    )
+    return {
+        **{f"{k}_mb_s": v for k, v in per_mb.items()},
+        "micro_batch_s": sum(per_mb.values()),
+        "fsdp_overhead_s": fsdp_overhead,
+        "fsdp_exposed_s": ct["exposed_s"],
+        "fsdp_total_s": ct["total_s"],
+        "first_allgather_s": ct["first_allgather_s"],
+        "last_reduce_scatter_s": ct["last_reduce_scatter_s"],
+        "optimizer_s": optimizer_s,
+        "tp_bytes_mb": tp_c["bytes"] + tp_c["allreduce_bytes"],
+        "tp_calls_mb": tp_c["calls"] + tp_c["allreduce_calls"],
+        "p2p_bytes_mb": p2p_calls * p2p,
+    }
+
+
+def step_time(
+    model: ModelConfig,
+    layout: Layout,
+    hw: HardwareConfig,
+    stages: list[pipeline.Stage] | None = None,
+) -> dict[str, float | str]:
+    """Seconds per step by term, for the pipeline rank whose step ends last;
+    `forward_backward_s` and `optimizer_s` are the phases a step record measures."""
+    stages = pipeline.layout_stages(model, layout, hw) if stages is None else stages
+    per_stage = [stage_time(model, layout, hw, s) for s in stages]
+    m, p, v = layout.grad_accum, layout.pp, layout.virtual_stages
+    slowest = max(t["micro_batch_s"] for t in per_stage)
+    pipelined = pipeline.pipeline_s(slowest, layout.pp_schedule, p, m, v)
+
+    def extra(t: dict[str, float]) -> float:
+        return t["fsdp_overhead_s"] + t["fsdp_exposed_s"] + t["optimizer_s"]
+
+    critical = max(range(len(per_stage)), key=lambda i: extra(per_stage[i]))
+    t = per_stage[critical]
+    terms = {
+        "gemm": m * t["gemm_mb_s"],
+        "attention": m * t["attention_mb_s"],
+        "elementwise": m * t["elementwise_mb_s"],
+        "overhead": m * t["overhead_mb_s"] + t["fsdp_overhead_s"],
+        "communication": t["fsdp_exposed_s"],
+        "optimizer": t["optimizer_s"],
+        "tp_communication": m * t["tp_communication_mb_s"],
+        "pipeline_p2p": m * t["pipeline_p2p_mb_s"],
+        "pipeline_bubble": pipelined - m * t["micro_batch_s"],
+    }
+    compute_s = sum(terms[k] for k in COMPUTE_TERMS)
+    step_s = pipelined + extra(t)
+    return {
+        **{f"{k}_s": val for k, val in terms.items()},
+        "compute_s": compute_s,
+        "communication_total_s": t["fsdp_total_s"]
+        + terms["tp_communication"]
+        + terms["pipeline_p2p"],
+        "first_allgather_s": t["first_allgather_s"],
+        "last_reduce_scatter_s": t["last_reduce_scatter_s"],
+        "forward_backward_s": step_s - t["optimizer_s"],
+        "data_wait_s": 0.0,
+        "step_s": step_s,
+        "bubble_fraction": pipeline.bubble_fraction(layout.pp_schedule, p, m, v),
+        "stage_micro_batch_s": [s["micro_batch_s"] for s in per_stage],
+        "critical_stage": critical,
+        "uncertainty": hw.uncertainty,
+        "dominant": max(terms, key=lambda k: terms[k]),
+    }
+
+
+def communication(
+    model: ModelConfig, layout: Layout, stages: list[pipeline.Stage] | None = None
+) -> dict[str, float]:
+    """Bytes and calls per rank and step, split by link, for the pipeline rank that moves
+    the most (the only one without pp): FSDP2 (toolkit.perfmodel.comm), tensor-parallel
+    collectives and point-to-point sends."""
+    stages = pipeline.layout_stages(model, layout) if stages is None else stages
+    rows = []
+    act = DTYPE_BYTES[layout.param_dtype]
+    tokens = layout.micro_batch_size * layout.seq_len
+    m = layout.grad_accum
+    for s in stages:
+        c = fsdp_traffic(model, layout, s)
+        tp_c = tp.collectives(
+            model,
+            blocks=s.blocks,
+            embedding=s.embedding,
+            head=s.head,
+            tokens=tokens,
+            act_bytes=act,
+            tp=layout.tp,
+            recompute=layout.activation_checkpointing,
+        )
+        c["tp_bytes"] = m * (tp_c["bytes"] + tp_c["allreduce_bytes"])
+        c["tp_calls"] = m * (tp_c["calls"] + tp_c["allreduce_calls"])
+        sends = 2 * layout.virtual_stages if layout.pp > 1 else 0
+        per_send = pipeline.p2p_bytes(
+            layout.micro_batch_size, layout.seq_len, model.dim, act, layout.tp
+        )
+        c["p2p_bytes"] = m * sends * per_send
+        c["p2p_calls"] = m * sends
+        fsdp = c["allgather_bytes"] + c["reduce_scatter_bytes"]
+        by_link = {
+            "shard": (fsdp, layout.shard_within_node),
+            "replica": (c["replica_allreduce_bytes"], False),
+            "tp": (c["tp_bytes"], layout.tp_within_node),
+            "pp": (c["p2p_bytes"], layout.pp_within_node),
+        }
+        c["intra_node_bytes"] = sum(b for b, within in by_link.values() if within)
+        c["inter_node_bytes"] = sum(b for b, within in by_link.values() if not within)
+        c["stage"] = s.rank
+        rows.append(c)
+    return max(rows, key=lambda c: c["intra_node_bytes"] + c["inter_node_bytes"])
