@@ -9,7 +9,7 @@ import sys
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
-from toolkit.perfmodel import Layout
+from toolkit.perfmodel import Layout, predict
 from toolkit.plan import cost_rows, layouts, rank_agreement, rank_plans
 
 SMALL = ModelConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256)
@@ -43,7 +43,7 @@ def test_a_slow_inter_node_link_makes_shard_within_node_win():
     # FSDP over both nodes all-gathers over the 1 MB/s NICs every micro-step; HSDP with
     # shard groups inside a node only all-reduces gradients across nodes, once per step.
     assert plans[0].layout.shard_size <= BASE.ranks_per_node
-    fsdp = [p for p in plans if p.layout.replicate == 1]
+    fsdp = [p for p in plans if p.layout.replicate == 1 and p.layout.tp == p.layout.pp == 1]
     assert plans[0].prediction.tokens_per_s > 2 * fsdp[0].prediction.tokens_per_s
 
 
@@ -88,3 +88,77 @@ def test_cli_prints_the_top_plans_with_their_overrides():
     assert proc.returncode == 0, proc.stderr
     assert "trainer.micro_batch_size=" in proc.stdout
     assert "layouts fit" in proc.stdout
+
+
+# -- tensor and pipeline parallelism ---------------------------------------------------------
+WIDE = ModelConfig(name="wide", num_layers=8, dim=256, num_heads=8, vocab_size=8192)
+NODE4 = Layout(world_size=8, ranks_per_node=4, micro_batch_size=1, grad_accum=1, seq_len=1024)
+
+
+def test_layouts_enumerate_tp_inside_a_node_and_pp_dividing_the_layers():
+    found = layouts(NODE4, 16, WIDE)
+    assert {lay.tp for lay in found} == {1, 2, 4}  # divisors of 4 ranks per node
+    assert {lay.pp for lay in found} == {1, 2, 4, 8}  # divide 8 layers and the ranks
+    assert all(lay.tp <= NODE4.ranks_per_node for lay in found)
+    for lay in found:
+        assert lay.micro_batch_size * lay.grad_accum * lay.dp == 16
+        if lay.pp > 1 and lay.pp_schedule != "gpipe":
+            assert lay.grad_accum >= lay.pp * lay.virtual_stages
+    # tp must split the heads: 6 heads on 4 ranks is not offered
+    assert {lay.tp for lay in layouts(NODE4, 16, SMALL)} == {1, 2}
+
+
+def test_every_plan_passes_the_launchers_parallel_checks():
+    from toolkit.config.parallel import ParallelConfig, problems
+
+    for lay in layouts(NODE4, 16, WIDE):
+        par = ParallelConfig(
+            dp_replicate=lay.replicate,
+            dp_shard=lay.shard_size,
+            tp=lay.tp,
+            pp=lay.pp,
+            pp_schedule=lay.pp_schedule,
+            pp_virtual_stages=lay.pp_virtual_stages,
+        )
+        assert problems(par, lay.world_size, WIDE, lay.grad_accum) == [], lay
+
+
+def test_a_model_that_does_not_fit_with_fsdp_alone_gets_a_tp_or_pp_plan():
+    everything, _ = rank_plans(WIDE, NODE4, FAST, 8)
+    fsdp = [p for p in everything if p.layout.tp == p.layout.pp == 1]
+    # the limit sits under the smallest FSDP-only peak (activations and logits of one
+    # sequence do not shard over dp) and above the smallest peak of the others
+    least_fsdp = min(p.prediction.memory["peak_bytes"] for p in fsdp)
+    least = min(p.prediction.memory["peak_bytes"] for p in everything)
+    assert least < least_fsdp
+    small = dataclasses.replace(FAST, memory_bytes=(least + least_fsdp) / 2)
+    plans, dropped = rank_plans(WIDE, NODE4, small, 8)
+    assert plans and dropped >= len(fsdp)
+    assert all(p.layout.tp > 1 or p.layout.pp > 1 for p in plans)
+    assert "parallel.tp=" in " ".join(plans[0].overrides())
+
+
+def test_tp_inside_a_node_ranks_above_tp_across_nodes():
+    hw = dataclasses.replace(FAST, intra_node_bandwidth=1e11, inter_node_bandwidth=1e8)
+    inside = dataclasses.replace(NODE4, micro_batch_size=1, tp=4)
+    across = dataclasses.replace(inside, ranks_per_node=2)  # the same tp=4 over 2 nodes
+    t_in = predict(WIDE, inside, hw).tokens_per_s
+    t_across = predict(WIDE, across, hw).tokens_per_s
+    assert t_in > 2 * t_across
+    # and the planner never offers a tp group wider than a node
+    two_per_node = dataclasses.replace(NODE4, ranks_per_node=2)
+    assert max(p.layout.tp for p in rank_plans(WIDE, two_per_node, hw, 8)[0]) == 2
+
+
+def test_a_pipeline_with_more_micro_batches_wins_over_one_with_a_big_bubble():
+    hw = dataclasses.replace(FAST, memory_bytes=1e12)
+    plans, _ = rank_plans(WIDE, NODE4, hw, 32)
+    pp4 = [
+        p for p in plans if p.layout.pp == 4 and p.layout.tp == 2 and p.layout.pp_schedule == "1f1b"
+    ]
+    by_m = {p.layout.grad_accum: p for p in pp4 if not p.layout.activation_checkpointing}
+    # m = 4 micro-batches: bubble 3/7; m = 16: 3/19
+    assert by_m[16].prediction.time["bubble_fraction"] == 3 / 19
+    assert by_m[4].prediction.time["bubble_fraction"] == 3 / 7
+    # (16 + 3) stage-times of 2 sequences against (4 + 3) of 8: the longer pipeline wins
+    assert by_m[16].prediction.tokens_per_s > 1.2 * by_m[4].prediction.tokens_per_s

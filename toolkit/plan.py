@@ -2,10 +2,11 @@
 recommend a layout for a fixed global batch, and its cost.
 
 Enumerates the layouts the toolkit runs for the configured model, hardware, cluster and
-global batch (FSDP or HSDP replicate sizes, micro-batch x accumulation, activation
-checkpointing, reshard_after_forward), drops those the performance model says do not fit,
-ranks the rest by predicted tokens/s and prints the top K with the dominant term and the
-overrides that run each.
+global batch (tensor-parallel degree inside a node, pipeline stages and schedule, FSDP or
+HSDP replicate sizes, micro-batch x accumulation, activation checkpointing,
+reshard_after_forward), drops those the performance model says do not fit, ranks the rest by
+predicted tokens/s and prints the top K with the dominant term and the overrides that run
+each.
 
 --cost PRICES.yaml (a mapping hardware preset -> price per device-hour, written by the user;
 no price is built in) prints the time and cost to train --tokens N tokens with the best layout
@@ -28,6 +29,10 @@ from toolkit.config.model import ModelConfig
 from toolkit.config.shape import global_batch_size, tasks_per_node, world_size
 from toolkit.perfmodel import Layout, Prediction, predict
 
+MAX_TP = 8  # tensor parallelism beyond one NVLink domain of 8 GPUs is not worth enumerating
+MAX_PP = 16
+PP_SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -36,10 +41,19 @@ class Plan:
 
     def overrides(self) -> list[str]:
         lay = self.layout
-        return [
+        out = [
             f"trainer.micro_batch_size={lay.micro_batch_size}",
             f"trainer.grad_accum={lay.grad_accum}",
+            f"parallel.tp={lay.tp}",
+            f"parallel.pp={lay.pp}",
             f"parallel.dp_replicate={lay.replicate}",
+            f"parallel.dp_shard={lay.shard_size}",
+        ]
+        if lay.pp > 1:
+            out.append(f"parallel.pp_schedule={lay.pp_schedule}")
+            if lay.pp_schedule == "interleaved_1f1b":
+                out.append(f"parallel.pp_virtual_stages={lay.pp_virtual_stages}")
+        return out + [
             f"parallel.activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"parallel.reshard_after_forward={str(lay.reshard_after_forward).lower()}",
         ]
@@ -49,29 +63,68 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(base: Layout, global_batch: int) -> list[Layout]:
-    """Every layout of `global_batch` sequences on base.world_size ranks: replicate groups
-    (replicas never split a node's shard group unless the group spans nodes), micro-batch x
-    accumulation, activation checkpointing and reshard_after_forward."""
+def tp_degrees(model: ModelConfig | None, ranks_per_node: int) -> list[int]:
+    """Tensor-parallel degrees: inside a node (divisors of its ranks, at most 8), splitting
+    the heads and the MLP width evenly (parallel.problems refuses the others)."""
+    if model is None:
+        return [1]
+    hidden = int(model.dim * model.mlp_ratio)
+    return [
+        t
+        for t in divisors(ranks_per_node)
+        if t <= MAX_TP and model.num_heads % t == 0 and hidden % t == 0
+    ]
+
+
+def pp_options(model: ModelConfig | None, ranks: int) -> list[tuple[int, str, int]]:
+    """(stages, schedule, virtual stages): stages dividing the layers and the ranks left by
+    tp (balanced stages of whole layers), each schedule; interleaved with 2 virtual stages
+    where the layers divide into 2 x stages."""
+    found = [(1, "1f1b", 1)]
+    if model is None:
+        return found
+    for pp in divisors(ranks):
+        if pp == 1 or pp > MAX_PP or model.num_layers % pp:
+            continue
+        for schedule, v in PP_SCHEDULES:
+            if model.num_layers % (pp * v) == 0:
+                found.append((pp, schedule, v))
+    return found
+
+
+def layouts(base: Layout, global_batch: int, model: ModelConfig | None = None) -> list[Layout]:
+    """Every layout of `global_batch` sequences on base.world_size ranks: tensor-parallel
+    degree and pipeline stages/schedule (when `model` is given), replicate groups,
+    micro-batch x accumulation (a 1F1B pipeline needs at least as many micro-batches as
+    stages), activation checkpointing and reshard_after_forward."""
     world = base.world_size
-    if global_batch % world:
-        return []
-    per_rank = global_batch // world
     found = []
-    for replicate in divisors(world):
-        for accum in divisors(per_rank):
-            for ac in (False, True):
-                for reshard in (True, False):
-                    found.append(
-                        dataclasses.replace(
-                            base,
-                            replicate=replicate,
-                            micro_batch_size=per_rank // accum,
-                            grad_accum=accum,
-                            activation_checkpointing=ac,
-                            reshard_after_forward=reshard,
-                        )
-                    )
+    for tp in tp_degrees(model, base.ranks_per_node):
+        for pp, schedule, v in pp_options(model, world // tp):
+            dp = world // (tp * pp)
+            if world % (tp * pp) or global_batch % dp:
+                continue
+            per_rank = global_batch // dp
+            for replicate in divisors(dp):
+                for accum in divisors(per_rank):
+                    if pp > 1 and schedule != "gpipe" and accum < pp * v:
+                        continue
+                    for ac in (False, True):
+                        for reshard in (True, False):
+                            found.append(
+                                dataclasses.replace(
+                                    base,
+                                    tp=tp,
+                                    pp=pp,
+                                    pp_schedule=schedule,
+                                    pp_virtual_stages=v,
+                                    replicate=replicate,
+                                    micro_batch_size=per_rank // accum,
+                                    grad_accum=accum,
+                                    activation_checkpointing=ac,
+                                    reshard_after_forward=reshard,
+                                )
+                            )
     return found
 
 
@@ -79,7 +132,7 @@ def rank_plans(
     model: ModelConfig, base: Layout, hw: HardwareConfig, global_batch: int
 ) -> tuple[list[Plan], int]:
     """(plans that fit, fastest first; how many did not fit)."""
-    plans = [Plan(lay, predict(model, lay, hw)) for lay in layouts(base, global_batch)]
+    plans = [Plan(lay, predict(model, lay, hw)) for lay in layouts(base, global_batch, model)]
     fitting = [p for p in plans if p.prediction.fits]
     fitting.sort(key=lambda p: -p.prediction.tokens_per_s)
     return fitting, len(plans) - len(fitting)
