@@ -27,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.world is not None and args.world < 1:
         print(f"error: --world={args.world}: must be >= 1", file=sys.stderr)
         return 2
-    prediction = predict_job(job, args.world)
+    try:
+        prediction = predict_job(job, args.world)
+    except ValueError as exc:  # the mesh's degrees do not multiply to --world
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(prediction.as_dict()))
         return 0

@@ -58,6 +58,10 @@ def prediction_rows(p: Prediction) -> list[tuple[str, str, str]]:
         ("all-gather / rank", fmt_bytes(c["allgather_bytes"]), ""),
         ("reduce-scatter / rank", fmt_bytes(c["reduce_scatter_bytes"]), ""),
         ("replica all-reduce / rank", fmt_bytes(c["replica_allreduce_bytes"]), ""),
+        ("tensor-parallel all-gather + reduce-scatter / rank", fmt_bytes(c["tp_bytes"]), ""),
+        ("pipeline point-to-point / rank", fmt_bytes(c["p2p_bytes"]), ""),
+        ("pipeline bubble (of the step)", f"{100 * float(t['bubble_fraction']):.1f} %", ""),
+        ("pipeline rank with the memory peak", str(m["stage"]), ""),
     ]
     return rows
 
