@@ -242,3 +242,24 @@ def test_layout_from_job_reads_the_mesh_degrees():
     assert (lay.world_size, lay.tp, lay.pp, lay.dp, lay.shard_size) == (8, 2, 2, 2, 2)
     assert lay.pp_schedule == "gpipe"
     assert predict(job.model, lay, job.hardware).step_s > 0
+
+
+def test_a_pipeline_that_does_not_fit_names_its_rank_and_largest_term():
+    big_vocab = dataclasses.replace(TINY, vocab_size=4096)
+    lay = Layout(2, 2, 64, 4, 256, pp=2, pp_schedule="gpipe", pp_split=(1, 1))
+    p = predict(big_vocab, lay, HardwareConfig(memory_bytes=2**20))
+    assert not p.fits and p.tokens_per_s == 0.0
+    # GPipe: the last rank holds the loss working set of all 4 micro-batches:
+    # 4 x 64 x 256 tokens x 4096 logits x 12 B = 3 GiB (its activations: 4 x 19 units of
+    # 16384 x 64 x 4 B = 0.30 GiB)
+    assert p.does_not_fit().startswith("does not fit: peak ")
+    assert " on pipeline rank 1 > " in p.does_not_fit()
+    assert p.does_not_fit().endswith("largest term logits 3.00 GiB")
+
+
+def test_the_prediction_says_which_link_tp_and_pp_take():
+    across = predict(TINY, Layout(8, 2, 8, 4, 128, tp=4, pp=2), PEAK)
+    assert (across.time["tp_link"], across.time["pp_link"]) == ("inter-node", "inter-node")
+    inside = predict(TINY, Layout(8, 8, 8, 4, 128, tp=4, pp=2), PEAK)
+    assert (inside.time["tp_link"], inside.time["pp_link"]) == ("intra-node", "intra-node")
+    assert predict(TINY, Layout(2, 2, 8, 1, 128), PEAK).time["tp_link"] == "-"

@@ -1,18 +1,24 @@
 """The analytic performance model: pure arithmetic, no torch, no I/O.
 
-Given a model shape, the batch, the precision, the FSDP2/HSDP layout and a hardware profile
-(peaks plus achievable fractions, links, latencies), predict per optimizer step and per rank:
+Given a model shape, the batch, the precision, the layout (FSDP2/HSDP over dp_replicate x
+dp_shard, tensor parallelism tp, pipeline parallelism pp and its schedule) and a hardware
+profile (peaks plus achievable fractions, links, latencies), predict per optimizer step and
+per rank:
 
 * FLOPs: model FLOPs (PaLM convention, for MFU) and executed FLOPs (causal attention runs
   about half of full attention; the recomputed forward under activation checkpointing), HFU;
-* memory under FSDP2 as the largest of three moments (start of backward, end of backward,
-  optimizer step), including the unsharded gradients FSDP2 keeps across micro-steps when
-  grad_accum > 1; a layout whose peak exceeds the device memory "does not fit";
-* communication (toolkit.perfmodel.comm): bytes, calls, latency, rails, exposure;
-* time by term (toolkit.perfmodel.kernels): GEMMs at their shape's achievable rate, causal
-  attention, non-GEMM kernels by bytes, per-op overhead, exposed communication, optimizer.
+* memory (toolkit.perfmodel.memory) per pipeline rank as the largest of three moments
+  (start of backward, end of backward, optimizer step), including the unsharded gradients
+  FSDP2 keeps across micro-steps when grad_accum > 1; a layout whose peak exceeds the device
+  memory "does not fit";
+* communication (toolkit.perfmodel.comm, tp, pipeline): bytes, calls, latency, rails,
+  exposure;
+* time by term (toolkit.perfmodel.steptime over kernels): GEMMs at their shape's achievable
+  rate, causal attention, non-GEMM kernels by bytes, per-op overhead, exposed communication,
+  optimizer, tensor-parallel collectives, pipeline sends and bubble.
 
     step_s = gemm + attention + elementwise + overhead + exposed communication + optimizer
+             + tp_communication + pipeline_p2p + pipeline_bubble
 
 Everything is per rank unless the name says `global`.
 """
@@ -141,8 +147,9 @@ class Prediction:
             return ""
         m = self.memory
         term = str(m["largest_term"])
+        where = f" on pipeline rank {m['stage']}" if len(m["stage_peaks_bytes"]) > 1 else ""
         return (
-            f"does not fit: peak {m['peak_bytes'] / 2**30:,.2f} GiB > "
+            f"does not fit: peak {m['peak_bytes'] / 2**30:,.2f} GiB{where} > "
             f"{m['capacity_bytes'] / 2**30:,.2f} GiB per device; largest term "
             f"{term.removesuffix('_bytes')} {m[term] / 2**30:,.2f} GiB"
         )

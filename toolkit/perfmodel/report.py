@@ -60,10 +60,18 @@ def prediction_rows(p: Prediction) -> list[tuple[str, str, str]]:
         ("replica all-reduce / rank", fmt_bytes(c["replica_allreduce_bytes"]), ""),
         ("tensor-parallel all-gather + reduce-scatter / rank", fmt_bytes(c["tp_bytes"]), ""),
         ("pipeline point-to-point / rank", fmt_bytes(c["p2p_bytes"]), ""),
+        ("tensor-parallel link", tp_link(str(t["tp_link"])), ""),
+        ("pipeline point-to-point link", str(t["pp_link"]), ""),
         ("pipeline bubble (of the step)", f"{100 * float(t['bubble_fraction']):.1f} %", ""),
         ("pipeline rank with the memory peak", str(m["stage"]), ""),
     ]
     return rows
+
+
+def tp_link(link: str) -> str:
+    if link == "inter-node":
+        return "inter-node: the tp group spans nodes (slow; keep tp <= ranks per node)"
+    return link
 
 
 def format_measured(key: str, value: Any) -> str:

@@ -150,6 +150,12 @@ def stage_time(
     }
 
 
+def link_name(used: bool, within: bool) -> str:
+    if not used:
+        return "-"
+    return "intra-node" if within else "inter-node"
+
+
 def step_time(
     model: ModelConfig,
     layout: Layout,
@@ -196,6 +202,8 @@ def step_time(
         "bubble_fraction": pipeline.bubble_fraction(layout.pp_schedule, p, m, v),
         "stage_micro_batch_s": [s["micro_batch_s"] for s in per_stage],
         "critical_stage": critical,
+        "tp_link": link_name(layout.tp > 1, layout.tp_within_node),
+        "pp_link": link_name(layout.pp > 1, layout.pp_within_node),
         "uncertainty": hw.uncertainty,
         "dominant": max(terms, key=lambda k: terms[k]),
     }
