@@ -44,6 +44,11 @@ TENSORS_PER_BLOCK = 8  # norm1 w/b, qkv, proj, norm2 w/b, fc, proj
 ROOT_TENSORS = 5  # token and position embeddings, final norm w/b, head
 
 
+def output_width(model: ModelConfig) -> int:
+    """Outputs of the head: the vocabulary, or the time-series model's targets."""
+    return model.vocab_size if model.kind == "gpt" else (model.num_targets or model.num_series)
+
+
 def shard(n: int, tp: int) -> int:
     """One tensor-parallel rank's share of a dimension split over `tp` ranks."""
     return -(-n // tp)

@@ -12,9 +12,10 @@ from typing import Any
 
 from toolkit.config.model import ModelConfig
 from toolkit.perfmodel import pipeline, tp
+from toolkit.perfmodel.comm import DTYPE_BYTES
+from toolkit.perfmodel.kernels import output_width
 from toolkit.perfmodel.layout import Layout
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 FP32 = 4
 ADAM_STATES = 2  # exp_avg, exp_avg_sq (fp32, sharded like the parameters)
 CE_BYTES_PER_LOGIT = 12  # fp32 log-softmax output + its gradient + the input gradient
@@ -27,10 +28,6 @@ def block_activation_units(mlp_ratio: float) -> float:
     input) 1, norm2 input 1, norm2 output 1, fc output r, GELU output r  ->  9 + 2r (17 at r=4).
     Flash/efficient attention keeps no seq x seq matrix; LayerNorm statistics are negligible."""
     return tp.block_activation_units(mlp_ratio, 1)
-
-
-def output_width(model: ModelConfig) -> int:
-    return model.vocab_size if model.kind == "gpt" else (model.num_targets or model.num_series)
 
 
 def stage_memory(

@@ -31,14 +31,15 @@ from typing import Any
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
 from toolkit.perfmodel import pipeline
+from toolkit.perfmodel.comm import DTYPE_BYTES
 from toolkit.perfmodel.layout import Layout
 from toolkit.perfmodel.memory import block_activation_units, memory, output_width
 from toolkit.perfmodel.steptime import communication, fsdp_unit_collectives, step_time
 from toolkit.train.flops import block_params, flops_per_token, matmul_params
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 __all__ = [
     "Layout",
+    "DTYPE_BYTES",
     "Prediction",
     "block_activation_units",
     "communication",

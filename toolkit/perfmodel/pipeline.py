@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
 from toolkit.perfmodel import kernels
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+from toolkit.perfmodel.comm import DTYPE_BYTES
 
 
 def bubble_fraction(schedule: str, p: int, m: int, v: int = 1) -> float:
@@ -86,7 +85,7 @@ def part_seconds(
 ) -> dict[str, dict[str, float]]:
     """Seconds of one micro-step, forward + backward, on one device, for the embedding, one
     block and the head + loss, split by term (gemm, attention, elementwise, overhead)."""
-    width = kernels_output_width(model)
+    width = kernels.output_width(model)
     act = DTYPE_BYTES[dtype]
     bw = hw.memory_bandwidth * hw.elementwise_fraction
     passes = 1 + kernels.BACKWARD_OPS_FACTOR
@@ -109,10 +108,6 @@ def part_seconds(
         "overhead": kernels.HEAD_FORWARD_OPS * passes * hw.op_overhead_s,
     }
     return {"embedding": embedding, "block": block, "head": head}
-
-
-def kernels_output_width(model: ModelConfig) -> int:
-    return model.vocab_size if model.kind == "gpt" else (model.num_targets or model.num_series)
 
 
 def layer_costs(

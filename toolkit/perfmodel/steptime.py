@@ -16,9 +16,9 @@ from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
 from toolkit.perfmodel import comm as comm_model
 from toolkit.perfmodel import kernels, pipeline, tp
+from toolkit.perfmodel.comm import DTYPE_BYTES
 from toolkit.perfmodel.layout import Layout
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 COMPUTE_TERMS = ("gemm", "attention", "elementwise", "overhead")
 EMBEDDING_TENSORS, HEAD_TENSORS = 2, 3  # token + position embeddings; final norm w/b, head
 
