@@ -115,7 +115,8 @@ class NodeData:
         }
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:  # None: a summary's stand-in (report/scaled.py)
+            self.file.close()
 
 
 def load_node(path: Path) -> NodeData:
