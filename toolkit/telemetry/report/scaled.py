@@ -143,19 +143,22 @@ def _rank_series(rank: int, pieces: list[tuple[dict, dict]], size: int) -> RankS
 
 def _rank_stats(pieces: list[dict[str, Any]]) -> dict[str, float]:
     """Exact for a rank in one file; over attempts, medians are step-weighted means of the
-    attempts' medians and p99 the largest (an approximation, said in docs/telemetry.md)."""
+    attempts' medians and p99 the largest (an approximation, said in docs/telemetry.md);
+    the data-wait share is exact."""
     n = np.array([p["n"] for p in pieces], dtype=float)
 
     def mean(key: str) -> float:
         return float(np.average([p[key] for p in pieces], weights=n))
 
+    step = sum(p["measured_step_s"] for p in pieces)
+    wait = sum(p["measured_wait_s"] for p in pieces)
     return {
         "steps": int(n.sum()),
         "median_step_s": mean("median_step_s"),
         "p99_step_s": max(p["p99_step_s"] for p in pieces),
         "median_tokens_per_s": mean("median_tokens_per_s"),
         "median_mfu": mean("median_mfu"),
-        "data_wait_share": mean("data_wait_share"),
+        "data_wait_share": wait / step if step > 0 else 0.0,
     }
 
 

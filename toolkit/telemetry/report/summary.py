@@ -191,6 +191,8 @@ def rank_summary(t: Table, cfg: ReportConfig, curves: bool) -> dict[str, Any]:
         "median_mfu": _median(measured.get("mfu", np.array([]))),
         "data_wait_share": float(wait.sum() / st.sum()) if st.sum() > 0 else 0.0,
         "medians": {name: _median(v) for name, v in measured.items()},
+        "measured_wait_s": float(wait.sum()),
+        "measured_step_s": float(st.sum()),
         "columns": list(t.names),
     }
     busy = [t[f][keep] for f in COMM_FIELDS if f in t]
