@@ -36,8 +36,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=("auto", "on", "off"),
         default=d.stream,
         help="read through per-node summaries cached beside the node files (auto: above "
-        f"{d.stream_above_mb:.0f} MB of node files)",
+        "--stream-above-mb of node files)",
     )
+    rep.add_argument("--stream-above-mb", type=float, default=d.stream_above_mb)
     cmp = sub.add_parser("compare", help="two runs side by side, with run-to-run noise")
     cmp.add_argument("run_a", type=Path)
     cmp.add_argument("run_b", type=Path)
@@ -61,6 +62,7 @@ def report_config(args: argparse.Namespace) -> ReportConfig:
         sacct=not args.no_sacct,
         export=not args.no_export,
         stream=args.stream,
+        stream_above_mb=args.stream_above_mb,
     )
 
 
