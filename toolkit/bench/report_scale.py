@@ -34,9 +34,11 @@ try:
     runpy.run_module("toolkit.telemetry", run_name="__main__")
 except SystemExit as exc:
     code = exc.code or 0
-me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-print("RSS " + json.dumps({"self_kib": me, "children_kib": kids}), file=sys.stderr)
+me = resource.getrusage(resource.RUSAGE_SELF)
+kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+rss = {"self_kib": me.ru_maxrss, "children_kib": kids.ru_maxrss, "cpu_s": cpu}
+print("RSS " + json.dumps(rss), file=sys.stderr)
 sys.exit(code)
 """
 
@@ -51,19 +53,58 @@ def measure(args: list[str]) -> dict:
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/")},
     )
     wall = time.perf_counter() - t0
-    rss = {"self_kib": 0, "children_kib": 0}
+    rss = {"self_kib": 0, "children_kib": 0, "cpu_s": 0.0}
     for line in done.stderr.splitlines():
         if line.startswith("RSS "):
             rss = json.loads(line[4:])
     peak = (rss["self_kib"] + 2 * rss["children_kib"]) / 1024  # two summary workers at most
     return {
         "wall_s": round(wall, 2),
+        "cpu_s": round(rss["cpu_s"], 1),  # user + system, the command and its workers
         "rc": done.returncode,
         "self_peak_rss_mib": round(rss["self_kib"] / 1024),
         "children_peak_rss_mib": round(rss["children_kib"] / 1024),
         "peak_rss_bound_mib": round(peak),
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "tail": done.stderr[-400:] if done.returncode else "",
+    }
+
+
+REFRESH = """
+import json, statistics, sys, time
+from pathlib import Path
+from rich.console import Console
+from toolkit.telemetry.watch import _reopen, snapshot
+run_dir = Path(sys.argv[1])
+console = Console(width=160, file=open("/dev/null", "w"))
+t0 = time.perf_counter()
+run = _reopen(run_dir, None)
+console.print(snapshot(run_dir, run))
+first = time.perf_counter() - t0
+times = []
+for _ in range(5):
+    t0 = time.perf_counter()
+    run = _reopen(run_dir, run)
+    console.print(snapshot(run_dir, run))
+    times.append(time.perf_counter() - t0)
+print(json.dumps({"first_s": round(first, 2), "refresh_median_s": round(statistics.median(times), 2)}))
+"""
+
+
+def watch_refresh(run: Path) -> dict:
+    """The live view's cost: the first snapshot (opening every file) and the median of five
+    refreshes with the files kept open (what `watch` does every --refresh-s)."""
+    done = subprocess.run(
+        [sys.executable, "-c", REFRESH, str(run)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+    if done.returncode:
+        return {"rc": done.returncode, "tail": done.stderr[-300:]}
+    return json.loads(done.stdout.strip().splitlines()[-1]) | {
+        "load_avg": [round(x, 2) for x in os.getloadavg()]
     }
 
 
@@ -111,6 +152,8 @@ def scale(nodes: int, gpus: int, hours: float, keep: Path | None, jobs: int, str
                 f"rc {r['rc']}",
                 flush=True,
             )
+        out["watch_refresh"] = watch_refresh(run)
+        print(f"watch_refresh: {out['watch_refresh']}", flush=True)
         out["summary_bytes"] = sum(
             p.stat().st_size for p in (run / "telemetry").glob("*.summary.json")
         )

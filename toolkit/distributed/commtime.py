@@ -20,7 +20,9 @@ the collective) or after `Work.wait()` for an asynchronous one. The events are r
 event pair not yet complete is kept for the next step, so nothing here synchronises.
 The exposed part stays what the training thread waited for on the host. NOT RUN ON A GPU
 YET (no device lent to this project so far): only the bookkeeping is tested, on CPU, with a
-stand-in event class.
+stand-in event class. (torch 2.13's `Work._get_duration()` and
+`torch.distributed._time_estimator` would time NCCL work too, but both are private, and the
+first needs TORCH_NCCL_ENABLE_TIMING=1: not used.)
 
 Collectives that do not go through `torch.distributed.<name>` (DTensor's functional
 collectives, e.g. the all-reduce of `full_tensor()` in gradient clipping) are timed by the
