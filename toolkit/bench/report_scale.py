@@ -1,11 +1,12 @@
 """The report at scale (`python -m toolkit.bench.profiling scale`): a synthetic run of N
 nodes x G GPUs x H hours at 1 s sampling written by the real writer, then the report's
-wall time and peak RSS, first run (no cached summaries) and cached run, and one
-`watch --once`. A benchmark, not a test: it prints what it measured.
+wall time, CPU seconds and peak RSS, first run (no cached summaries) and cached run, one
+`watch --once`, and the live view's refresh. A benchmark, not a test: it prints what it
+measured (baseline before summaries: BASELINE).
 
 Peak RSS is read with getrusage in a wrapper process around each command: the command's
 own process (self) and the largest of the processes it started (children: the summary
-workers), whose sum bounds the peak of the two together."""
+workers); self + 2 x children bounds the peak of the report and its two workers together."""
 
 from __future__ import annotations
 
