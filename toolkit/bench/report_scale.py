@@ -125,6 +125,7 @@ def scale(nodes: int, gpus: int, hours: float, keep: Path | None, jobs: int, str
     free = shutil.disk_usage(run.parent if run.parent.exists() else Path(tmp.name)).free
     out: dict = {"nodes": nodes, "gpus_per_node": gpus, "hours": hours, "stream": stream}
     out["estimated_bytes"] = int(estimate)
+    out["baseline_full_read"] = BASELINE.get(f"{nodes}x{gpus}x{hours:g}h")
     print(f"estimated {estimate / 1e9:.1f} GB of node files; {free / 1e9:.0f} GB free", flush=True)
     try:
         if not (run / "telemetry").is_dir():
