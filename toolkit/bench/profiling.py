@@ -6,22 +6,20 @@
   window open, and with the communication timer, against neither (interleaved repeats);
 * window: the cost of a profiler window per step (steps inside windows vs outside, one run);
 * scale: the report's wall time and peak RSS on a synthetic run of N nodes x G GPUs x H hours
-  at 1 s, written by the real writer, and the time of one `watch --once` on it.
+  at 1 s, written by the real writer, first and cached run, and the time of one
+  `watch --once` on it (toolkit/bench/report_scale.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from toolkit.bench.telemetry import REPO, run_training
+from toolkit.bench.telemetry import run_training
 
 VARIANTS = {
     "not_configured": ["telemetry.profile_on_demand=false", "telemetry.comm_timing=false"],
@@ -135,47 +133,6 @@ def window(steps: int, every: int, length: int) -> dict:
     }
 
 
-def scale(nodes: int, gpus: int, hours: float, keep: Path | None) -> dict:
-    from toolkit.telemetry.synthetic import Plan, generate
-
-    tmp = tempfile.TemporaryDirectory()
-    run = keep or Path(tmp.name) / "run"
-    try:
-        t0 = time.perf_counter()
-        if not (run / "telemetry").is_dir():
-            generate(run, Plan(nodes=nodes, gpus_per_node=gpus, duration_s=3600.0 * hours))
-        gen_s = time.perf_counter() - t0
-        size = sum(p.stat().st_size for p in (run / "telemetry").glob("*.h5"))
-        print(f"generated {size / 1e9:.2f} GB in {gen_s:.0f} s", flush=True)
-        out = {"nodes": nodes, "gpus_per_node": gpus, "hours": hours, "input_bytes": size}
-        for name, cmd in (
-            ("report", ["report", str(run), "--no-sacct"]),
-            ("watch_once", ["watch", str(run), "--once"]),
-        ):
-            before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            t0 = time.perf_counter()
-            done = subprocess.run(
-                [sys.executable, "-m", "toolkit.telemetry", *cmd],
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-            )
-            wall = time.perf_counter() - t0
-            peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-            out[name] = {
-                "wall_s": wall,
-                "rc": done.returncode,
-                # the children's maximum so far: exact for the first, an upper bound after
-                "peak_rss_bytes": max(peak, before) * 1024,
-                "tail": done.stderr[-300:] if done.returncode else "",
-            }
-            print(f"{name}: {wall:.1f} s, peak RSS <= {peak / 2**10:.0f} MiB", flush=True)
-        return out
-    finally:
-        tmp.cleanup()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.bench.profiling")
     sub = parser.add_subparsers(dest="what", required=True)
@@ -193,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--gpus", type=int, default=8)
     s.add_argument("--hours", type=float, default=24.0)
     s.add_argument("--keep", type=Path, default=None, help="generate into (or reuse) this dir")
+    s.add_argument("--jobs", type=int, default=2, help="node files written at once")
+    s.add_argument("--stream", choices=("auto", "on", "off"), default="on")
     for p in (o, w, m, s):
         p.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -203,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "window":
         result = window(args.steps, args.every, args.length)
     else:
-        result = scale(args.nodes, args.gpus, args.hours, args.keep)
+        from toolkit.bench.report_scale import scale
+
+        result = scale(args.nodes, args.gpus, args.hours, args.keep, args.jobs, args.stream)
     text = json.dumps(result, indent=2)
     print(text)
     if args.json:

@@ -95,6 +95,10 @@ class ReportConfig:
     max_plot_points: int = 500  # per line; longer series are binned
     export: bool = True  # steps.csv, events.csv and trace.json
     sacct: bool = True  # join Slurm accounting when sacct is on PATH
+    # Long runs are read through per-node summaries cached beside the node files (step
+    # chunks instead of every step): "on", "off", or "auto" above stream_above_mb of files.
+    stream: str = "auto"
+    stream_above_mb: float = 256.0
 
     def __post_init__(self) -> None:
         p = []
@@ -113,6 +117,10 @@ class ReportConfig:
             )
         if self.skip_first_steps < 0:
             p.append(f"skip_first_steps={self.skip_first_steps}: must be >= 0")
+        if self.stream not in ("auto", "on", "off"):
+            p.append(f"stream={self.stream}: allowed: auto, on, off")
+        if self.stream_above_mb < 0:
+            p.append(f"stream_above_mb={self.stream_above_mb}: must be >= 0")
         if self.max_plot_points < 10:
             p.append(f"max_plot_points={self.max_plot_points}: must be >= 10")
         _check(p)

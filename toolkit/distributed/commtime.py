@@ -11,15 +11,34 @@ such as the checkpoint writer, pass through untimed):
   the time the thread spends in `Work.wait()` is the exposed part (wrapped on the class:
   FSDP2 checks `isinstance(work, Work)`, so a proxy object would not do).
 
+On CUDA (`CommTimer(cuda=True)`) the time in each collective is taken from a pair of
+`torch.cuda.Event(enable_timing=True)` recorded on the stream the collective is issued
+from (FSDP2 issues its all-gathers and reduce-scatters from its own streams): the start
+before the call, the end after it for a synchronous call (the issuing stream then waits for
+the collective) or after `Work.wait()` for an asynchronous one. The events are resolved in
+`take()`, at the step boundary where the loop has already synchronised the device; an
+event pair not yet complete is kept for the next step, so nothing here synchronises.
+The exposed part stays what the training thread waited for on the host. NOT RUN ON A GPU
+YET (no device lent to this project so far): only the bookkeeping is tested, on CPU, with a
+stand-in event class. (torch 2.13's `Work._get_duration()` and
+`torch.distributed._time_estimator` would time NCCL work too, but both are private, and the
+first needs TORCH_NCCL_ENABLE_TIMING=1: not used.)
+
+Collectives that do not go through `torch.distributed.<name>` (DTensor's functional
+collectives, e.g. the all-reduce of `full_tensor()` in gradient clipping) are timed by the
+caller with `span(kind)`.
+
 `take()` returns and resets the sums: the loop calls it once per step. Pure bookkeeping;
 installing is reversible (`uninstall`) and idempotent per process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -42,8 +61,18 @@ WRAPPED = {
 ASYNC_ALWAYS = ("isend", "irecv")
 
 
+def cuda_event() -> Any:
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
 class CommTimer:
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False, event: Callable[[], Any] | None = None) -> None:
+        """cuda: time collectives with CUDA events (`event` makes one: a stand-in in tests)."""
+        self._event = (event or cuda_event) if cuda else None
+        self._pending: list[tuple[str, Any, Any]] = []  # (kind, start, end) event pairs
+        self._open: dict[int, tuple[Any, str, Any]] = {}  # id(work) -> (work, kind, start)
         self.exposed_s = 0.0
         self._originals: dict[str, Any] = {}
         self._thread = threading.get_ident()
@@ -80,8 +109,44 @@ class CommTimer:
         done, self._done = self._done, []
         for kind, seconds in done:
             busy[kind] += seconds
+        pending, self._pending = self._pending, []
+        for kind, start, end in pending:
+            if end.query():  # complete: the loop synchronised the device before take()
+                busy[kind] += start.elapsed_time(end) / 1000.0  # ms
+            else:
+                self._pending.append((kind, start, end))
+        self._open.clear()  # a work never waited for on this thread: not timed
         exposed, self.exposed_s = self.exposed_s, 0.0
         return busy, exposed
+
+    @contextlib.contextmanager
+    def span(self, kind: str) -> Iterator[None]:
+        """Time a blocking collective the wrappers do not see (a DTensor functional
+        collective): busy and exposed on the host, busy from events on CUDA."""
+        if threading.get_ident() != self._thread or self._depth:
+            yield
+            return
+        start = self._record()
+        t0 = time.perf_counter()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            elapsed = time.perf_counter() - t0
+            self.exposed_s += elapsed
+            if start is None:
+                self._add(kind, elapsed)
+            else:
+                self._pending.append((kind, start, self._record()))
+
+    def _record(self) -> Any:
+        """A CUDA event recorded on the current stream now (None on CPU)."""
+        if self._event is None:
+            return None
+        event = self._event()
+        event.record()
+        return event
 
     def _add(self, kind: str, seconds: float) -> None:
         self._done.append((kind, seconds))
@@ -96,6 +161,9 @@ class CommTimer:
                 return original(work, *args, **kwargs)
             finally:
                 self.exposed_s += time.perf_counter() - t0
+                opened = self._open.pop(id(work), None)
+                if opened is not None:  # CUDA: the current stream now waits for it
+                    self._pending.append((opened[1], opened[2], self._record()))
 
         return wait
 
@@ -106,6 +174,7 @@ class CommTimer:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self._thread or self._depth:
                 return original(*args, **kwargs)
+            start = self._record()
             t0 = time.perf_counter()
             self._depth += 1
             try:
@@ -114,8 +183,14 @@ class CommTimer:
                 self._depth -= 1
             if work is None or not (is_async or kwargs.get("async_op")):
                 elapsed = time.perf_counter() - t0
-                self._add(kind, elapsed)
                 self.exposed_s += elapsed
+                if start is None:
+                    self._add(kind, elapsed)
+                else:  # the issuing stream waits for the collective: end there
+                    self._pending.append((kind, start, self._record()))
+                return work
+            if start is not None:
+                self._open[id(work)] = (work, kind, start)  # ended after Work.wait()
                 return work
             try:
                 future = work.get_future()

@@ -3,6 +3,8 @@ compile (the mesh itself: toolkit.distributed.mesh)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -10,6 +12,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
+from toolkit.distributed.commtime import CommTimer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -52,15 +55,20 @@ def local_param_bytes(model: nn.Module) -> int:
     return total
 
 
-def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(
+    model: nn.Module, max_norm: float, timer: CommTimer | None = None
+) -> torch.Tensor:
     """Global grad norm over sharded (DTensor) gradients, clipping when max_norm > 0.
 
     The norm of sharded grads is a DTensor with a pending reduction; full_tensor() performs
-    that one all-reduce, so every rank sees the same global norm."""
+    that one all-reduce (a functional collective, which the timer's wrappers of
+    torch.distributed do not see: it is timed here as all-reduce), so every rank sees the
+    same global norm."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
+        with timer.span("all_reduce") if timer is not None else contextlib.nullcontext():
+            total = total.full_tensor()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(
             [p for p in model.parameters() if p.grad is not None], max_norm, total, foreach=True

@@ -170,7 +170,9 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         val_loader=val_loader,
         grad_clip=job.optim.grad_clip,
         fault=job.fault,
-        comm_timer=CommTimer().install() if job.telemetry.comm_timing else None,
+        comm_timer=CommTimer(cuda=device.type == "cuda").install()
+        if job.telemetry.comm_timing
+        else None,
         eval_metric=eval_metric,
     )
     trainer.hooks = build_hooks(job, env, run_dir, sink)

@@ -31,6 +31,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     rep.add_argument("--no-plots", action="store_true")
     rep.add_argument("--no-sacct", action="store_true")
     rep.add_argument("--no-export", action="store_true", help="skip the CSV and trace exports")
+    rep.add_argument(
+        "--stream",
+        choices=("auto", "on", "off"),
+        default=d.stream,
+        help="read through per-node summaries cached beside the node files (auto: above "
+        "--stream-above-mb of node files)",
+    )
+    rep.add_argument("--stream-above-mb", type=float, default=d.stream_above_mb)
     cmp = sub.add_parser("compare", help="two runs side by side, with run-to-run noise")
     cmp.add_argument("run_a", type=Path)
     cmp.add_argument("run_b", type=Path)
@@ -53,6 +61,8 @@ def report_config(args: argparse.Namespace) -> ReportConfig:
         plots=not args.no_plots,
         sacct=not args.no_sacct,
         export=not args.no_export,
+        stream=args.stream,
+        stream_above_mb=args.stream_above_mb,
     )
 
 

@@ -37,11 +37,14 @@ def attr_value(value: Any) -> Any:
 
 
 class _Table:
+    """Buffered rows of one table: `append` collects scalars, `extend` whole arrays (kept as
+    arrays, so a generator or a batch append costs one copy, not one Python object a row)."""
+
     def __init__(self, group: h5py.Group, spec: TableSpec, filters: dict[str, Any], chunk: int):
         self.spec = spec
         self.datasets: dict[str, h5py.Dataset] = {}
-        self.rows: dict[str, list[Any]] = {c.name: [] for c in spec.columns}
         self.length = 0
+        self.clear()
         for key, value in spec.attrs.items():
             group.attrs[key] = attr_value(value)
         for col in spec.columns:
@@ -56,38 +59,55 @@ class _Table:
             ds.attrs["units"] = col.units
             self.datasets[col.name] = ds
 
+    def clear(self) -> None:
+        self.rows: dict[str, list[Any]] = {c.name: [] for c in self.spec.columns}
+        self.pieces: dict[str, list[np.ndarray]] = {c.name: [] for c in self.spec.columns}
+        self._pending = 0
+
+    def _seal(self) -> None:
+        """Turn the scalars appended so far into one array piece per column."""
+        if not self.rows[self.spec.columns[0].name]:
+            return
+        for col in self.spec.columns:
+            self.pieces[col.name].append(np.asarray(self.rows[col.name], dtype=col.dtype))
+            self.rows[col.name] = []
+
     def append(self, row: dict[str, Any]) -> None:
         for col in self.spec.columns:
             value = row.get(col.name)
             self.rows[col.name].append(empty_value(col.dtype) if value is None else value)
+        self._pending += 1
 
     def extend(self, columns: dict[str, Any]) -> None:
         """Append many rows at once: column -> sequence (all the same length)."""
         n = len(next(iter(columns.values())))
+        self._seal()
         for col in self.spec.columns:
             values = columns.get(col.name)
             if values is None:
-                self.rows[col.name].extend([empty_value(col.dtype)] * n)
+                piece = np.full(n, empty_value(col.dtype), dtype=col.dtype)
             else:
-                self.rows[col.name].extend(
-                    list(values) if not isinstance(values, np.ndarray) else values
-                )
+                piece = np.array(values, dtype=col.dtype)  # a copy: the caller may reuse it
+            self.pieces[col.name].append(piece)
+        self._pending += n
 
     @property
     def pending(self) -> int:
-        return len(self.rows[self.spec.columns[0].name])
+        return self._pending
 
     def flush(self) -> None:
         n = self.pending
         if n == 0:
             return
+        self._seal()
         end = self.length + n
         for col in self.spec.columns:
             ds = self.datasets[col.name]
             ds.resize((end,))
-            ds[self.length : end] = np.asarray(self.rows[col.name], dtype=ds.dtype)
+            pieces = self.pieces[col.name]
+            ds[self.length : end] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
             ds.flush()
-            self.rows[col.name] = []
+        self.clear()
         self.length = end
 
 
@@ -135,7 +155,7 @@ class NodeFileWriter:
                 table.flush()
             except Exception:  # noqa: BLE001 - one bad table must not stop the others
                 log.exception("telemetry: writing table %s failed; its rows are dropped", name)
-                table.rows = {c.name: [] for c in table.spec.columns}
+                table.clear()
         self.file.flush()
 
     def close(self) -> None:

@@ -40,6 +40,15 @@ class Table:
             self.length = self._dataset(first).shape[0] if first else 0
         self._cache: dict[str, np.ndarray] = {}
 
+    def refresh(self) -> None:
+        """See the writer's latest flush (a file still written, SWMR); else nothing changes."""
+        if not self.group.file.swmr_mode:
+            return
+        for ds in self.datasets.values():
+            ds.refresh()
+        self.length = min((d.shape[0] for d in self.datasets.values()), default=0)
+        self._cache.clear()
+
     def _dataset(self, name: str) -> h5py.Dataset:
         if name not in self.datasets:
             self.datasets[name] = self.group[name]
@@ -114,12 +123,21 @@ class NodeData:
             if k.endswith("_absent_reason")
         }
 
+    def refresh(self) -> None:
+        for table in [*self.gpus.values(), self.host, *self.net.values(), *self.ib.values()]:
+            if table is not None:
+                table.refresh()
+        for table in self.steps.values():
+            table.refresh()
+
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:  # None: a summary's stand-in (report/scaled.py)
+            self.file.close()
 
 
-def load_node(path: Path) -> NodeData:
-    """Open one node file (raises OSError/KeyError/ValueError when it is not readable)."""
+def load_node(path: Path, events: bool = True) -> NodeData:
+    """Open one node file (raises OSError/KeyError/ValueError when it is not readable);
+    events=False leaves the events table unread (a live view does not show them)."""
     f = open_read(path)
     try:
         attrs = {k: _attr(v) for k, v in f.attrs.items()}
@@ -136,7 +154,7 @@ def load_node(path: Path) -> NodeData:
             data.ib = {k: Table(g) for k, g in f["ib"].items()}
         if "steps" in f:
             data.steps = {int(k.removeprefix("rank")): Table(g) for k, g in f["steps"].items()}
-        if "events" in f:
+        if events and "events" in f:
             data.events = read_events(Table(f["events"]), data.node, data.attempt)
         return data
     except BaseException:
@@ -195,7 +213,7 @@ class NoTelemetry(Exception):
     """The run dir holds no readable telemetry (message: one line for the user)."""
 
 
-def load_run(run_dir: Path) -> RunData:
+def load_run(run_dir: Path, events: bool = True) -> RunData:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise NoTelemetry(f"{run_dir}: no such run directory")
@@ -208,7 +226,7 @@ def load_run(run_dir: Path) -> RunData:
     nodes, skipped = [], []
     for path in files:
         try:
-            nodes.append(load_node(path))
+            nodes.append(load_node(path, events))
         except Exception as exc:  # noqa: BLE001 - name it, skip it, report the rest
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             skipped.append((path, f"{type(exc).__name__}: {reason}"))

@@ -79,20 +79,27 @@ def _pauses(plan: Plan) -> list[tuple[float, float, str]]:
     return sorted(pauses)
 
 
-def _rank_steps(plan: Plan, rank: int) -> dict[str, np.ndarray]:
-    """Steps of one rank: times from the job's step clock (all ranks share step starts,
-    as in synchronous training), durations of its own."""
-    rng = np.random.default_rng(plan.seed * 1000 + rank)
+def _clock(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """The job's step clock, shared by all ranks: (step starts, step durations), at the
+    slowest rank's pace, with the pauses inserted."""
     clock_rng = np.random.default_rng(plan.seed)
     n_max = int(plan.duration_s / plan.step_time_s) + 10
-    # Step starts: a shared clock at the slowest rank's pace, with pauses inserted.
     slow = plan.step_time_s * (1 + (plan.straggler_slowdown if plan.straggler_rank else 0))
     durations_clock = slow * clock_rng.lognormal(0.0, 0.01, n_max)
     starts = np.concatenate([[0.0], np.cumsum(durations_clock)[:-1]])
     for at, length, _kind in _pauses(plan):
         starts[starts >= at] += length
     keep = starts + durations_clock < plan.duration_s
-    starts = starts[keep]
+    return starts[keep], durations_clock[: int(keep.sum())]
+
+
+def _rank_steps(
+    plan: Plan, rank: int, clock: tuple[np.ndarray, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """Steps of one rank: times from the job's step clock (all ranks share step starts,
+    as in synchronous training), durations of its own."""
+    rng = np.random.default_rng(plan.seed * 1000 + rank)
+    starts, durations_clock = clock if clock is not None else _clock(plan)
     n = len(starts)
     step_time = np.minimum(_step_times(plan, rng, n, rank), durations_clock[:n])
     data_wait = step_time * rng.uniform(0.01, 0.03, n)
@@ -267,8 +274,11 @@ def _event(name: str, start: float, end: float, rank: int, attrs: dict) -> dict:
     }
 
 
-def generate(run_dir: Path, plan: Plan | None = None) -> Plan:
-    """Write plan.nodes node files (x2 attempts when plan.restart_at_s) under run_dir."""
+def generate(run_dir: Path, plan: Plan | None = None, jobs: int = 1) -> Plan:
+    """Write plan.nodes node files (x2 attempts when plan.restart_at_s) under run_dir.
+
+    One node at a time (memory holds one node's columns, not the job's), each table written
+    in one call of whole arrays; `jobs` > 1 writes that many nodes at once in processes."""
     plan = plan or Plan()
     out_dir = telemetry_dir(Path(run_dir))
     windows = [(0.0, plan.duration_s)]
@@ -277,77 +287,95 @@ def generate(run_dir: Path, plan: Plan | None = None) -> Plan:
             (0.0, plan.restart_at_s),
             (plan.restart_at_s + plan.restart_downtime_s, plan.duration_s),
         ]
-    rank_steps = {r: _rank_steps(plan, r) for r in range(plan.world_size)}
-    for attempt, window in enumerate(windows):
-        times = T0 + np.arange(window[0], window[1], plan.interval_s)
-        for node_index in range(plan.nodes):
-            node = f"gpu-node{node_index:03d}"
-            ranks = list(
-                range(node_index * plan.gpus_per_node, (node_index + 1) * plan.gpus_per_node)
-            )
-            rng = np.random.default_rng(plan.seed + 7919 * node_index + attempt)
-            gpu_specs = [
-                TableSpec(f"gpu/{g}", [TIME, *GPU_COLUMNS], {"name": "NVIDIA H100 80GB HBM3"})
-                for g in range(plan.gpus_per_node)
-            ]
-            ib_keys = [f"mlx5_{p}_1" for p in range(plan.ib_ports)]
-            specs = (
-                gpu_specs
-                + [TableSpec("host", HOST_COLUMNS)]
-                + [TableSpec("host/net/eth0", NET_COLUMNS)]
-                + [_ib_spec(k) for k in ib_keys]
-                + [steps_spec(r) for r in ranks]
-                + [events_spec()]
-            )
-            attrs = {
-                "job_id": plan.job_id,
-                "attempt": attempt,
-                "slurm_restart_count": attempt,
-                "node": node,
-                "node_rank": node_index,
-                "ranks": ranks,
-                "world_size": plan.world_size,
-                "num_nodes": plan.nodes,
-                "interval_s": plan.interval_s,
-                "gpu_models": ["NVIDIA H100 80GB HBM3"] * plan.gpus_per_node,
-                "driver_version": "550.90.07",
-                "torch_version": "2.13.0",
-                "cuda_version": "12.8",
-                "nccl_version": "2.27.3",
-                "synthetic": True,
-            }
-            path = out_dir / node_file_name(node, attempt)
-            writer = NodeFileWriter(path, specs, attrs, chunk_rows=4096)
-            for g, rank in enumerate(ranks):
-                writer.extend(f"gpu/{g}", _gpu_columns(plan, rng, times, rank))
-                steps = rank_steps[rank]
-                sel = (steps["wall_time"] >= T0 + window[0]) & (steps["wall_time"] < T0 + window[1])
-                writer.extend(f"steps/rank{rank}", {k: v[sel] for k, v in steps.items()})
-            writer.extend("host", _host_columns(plan, rng, times))
-            net = _host_columns(plan, rng, times)
-            writer.extend(
-                "host/net/eth0",
-                {
-                    "time": times,
-                    "rx_bytes": net["disk_read_bytes"],
-                    "tx_bytes": net["disk_write_bytes"],
-                },
-            )
-            for key in ib_keys:
-                writer.extend(f"ib/{key}", _ib_columns(plan, rng, times))
-            events = _events(plan, ranks, window)
-            if events:
-                writer.extend(
-                    "events",
-                    {
-                        "start": [e["start"] for e in events],
-                        "end": [e["end"] for e in events],
-                        "step": [e["step"] for e in events],
-                        "rank": [e["rank"] for e in events],
-                        "name": [e["name"].encode() for e in events],
-                        "attrs": [json.dumps(e["attrs"]).encode() for e in events],
-                    },
-                )
-            writer.close()
-            plan.files.append(path)
+    tasks = [(a, w, i) for i in range(plan.nodes) for a, w in enumerate(windows)]
+    if jobs <= 1:
+        clock = _clock(plan)
+        paths = [_write_node(plan, out_dir, a, w, i, clock) for a, w, i in tasks]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = [pool.submit(_write_node, plan, out_dir, a, w, i) for a, w, i in tasks]
+            paths = [f.result() for f in futures]
+    plan.files.extend(sorted(paths, key=lambda p: p.name))
     return plan
+
+
+def _write_node(
+    plan: Plan,
+    out_dir: Path,
+    attempt: int,
+    window: tuple[float, float],
+    node_index: int,
+    clock: tuple[np.ndarray, np.ndarray] | None = None,
+) -> Path:
+    clock = clock if clock is not None else _clock(plan)
+    times = T0 + np.arange(window[0], window[1], plan.interval_s)
+    node = f"gpu-node{node_index:03d}"
+    ranks = list(range(node_index * plan.gpus_per_node, (node_index + 1) * plan.gpus_per_node))
+    rng = np.random.default_rng(plan.seed + 7919 * node_index + attempt)
+    gpu_specs = [
+        TableSpec(f"gpu/{g}", [TIME, *GPU_COLUMNS], {"name": "NVIDIA H100 80GB HBM3"})
+        for g in range(plan.gpus_per_node)
+    ]
+    ib_keys = [f"mlx5_{p}_1" for p in range(plan.ib_ports)]
+    specs = (
+        gpu_specs
+        + [TableSpec("host", HOST_COLUMNS)]
+        + [TableSpec("host/net/eth0", NET_COLUMNS)]
+        + [_ib_spec(k) for k in ib_keys]
+        + [steps_spec(r) for r in ranks]
+        + [events_spec()]
+    )
+    attrs = {
+        "job_id": plan.job_id,
+        "attempt": attempt,
+        "slurm_restart_count": attempt,
+        "node": node,
+        "node_rank": node_index,
+        "ranks": ranks,
+        "world_size": plan.world_size,
+        "num_nodes": plan.nodes,
+        "interval_s": plan.interval_s,
+        "gpu_models": ["NVIDIA H100 80GB HBM3"] * plan.gpus_per_node,
+        "driver_version": "550.90.07",
+        "torch_version": "2.13.0",
+        "cuda_version": "12.8",
+        "nccl_version": "2.27.3",
+        "synthetic": True,
+    }
+    path = out_dir / node_file_name(node, attempt)
+    writer = NodeFileWriter(path, specs, attrs, chunk_rows=4096)
+    for g, rank in enumerate(ranks):
+        writer.extend(f"gpu/{g}", _gpu_columns(plan, rng, times, rank))
+        steps = _rank_steps(plan, rank, clock)
+        sel = (steps["wall_time"] >= T0 + window[0]) & (steps["wall_time"] < T0 + window[1])
+        writer.extend(f"steps/rank{rank}", {k: v[sel] for k, v in steps.items()})
+        writer.flush()  # one GPU's and one rank's columns in memory at a time
+    writer.extend("host", _host_columns(plan, rng, times))
+    net = _host_columns(plan, rng, times)
+    writer.extend(
+        "host/net/eth0",
+        {
+            "time": times,
+            "rx_bytes": net["disk_read_bytes"],
+            "tx_bytes": net["disk_write_bytes"],
+        },
+    )
+    for key in ib_keys:
+        writer.extend(f"ib/{key}", _ib_columns(plan, rng, times))
+    events = _events(plan, ranks, window)
+    if events:
+        writer.extend(
+            "events",
+            {
+                "start": [e["start"] for e in events],
+                "end": [e["end"] for e in events],
+                "step": [e["step"] for e in events],
+                "rank": [e["rank"] for e in events],
+                "name": [e["name"].encode() for e in events],
+                "attrs": [json.dumps(e["attrs"]).encode() for e in events],
+            },
+        )
+    writer.close()
+    return path

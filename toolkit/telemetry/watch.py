@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from toolkit.telemetry.read import NoTelemetry, load_run
+from toolkit.telemetry.read import NoTelemetry, RunData, load_run, node_files
 
 RECENT_STEPS = 20
 
@@ -19,13 +19,16 @@ def _f(x: float | None, fmt: str) -> str:
     return "-" if x is None or not np.isfinite(x) else format(x, fmt)
 
 
-def snapshot(run_dir: Path) -> Any:
-    """A rich renderable of the job's state now (raises NoTelemetry)."""
+def snapshot(run_dir: Path, run: RunData | None = None) -> Any:
+    """A rich renderable of the job's state now (raises NoTelemetry); `run`: files kept open
+    between refreshes by the caller (opening and closing 64 node files costs seconds)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    run = load_run(run_dir)
+    own = run is None
+    if run is None:
+        run = load_run(run_dir, events=False)  # 100,000s of events in a long run; not shown
     now = time.time()
     try:
         latest = {}
@@ -109,7 +112,19 @@ def snapshot(run_dir: Path) -> Any:
         parts += [Text(f"skipped {p.name}: {why}", style="yellow") for p, why in run.skipped]
         return Group(*parts)
     finally:
+        if own:
+            run.close()
+
+
+def _reopen(run_dir: Path, run: RunData | None) -> RunData:
+    """The run's files, opened once and refreshed; opened again when the set changes."""
+    if run is not None:
+        if [n.path for n in run.nodes] + [p for p, _ in run.skipped] == node_files(run_dir):
+            for n in run.nodes:
+                n.refresh()
+            return run
         run.close()
+    return load_run(run_dir, events=False)
 
 
 def watch(run_dir: Path, once: bool = False, refresh_s: float = 2.0) -> int:
@@ -122,15 +137,19 @@ def watch(run_dir: Path, once: bool = False, refresh_s: float = 2.0) -> int:
     if once:
         console.print(snapshot(run_dir))
         return 0
-    with Live(snapshot(run_dir), console=console, refresh_per_second=4) as live:
+    run = _reopen(run_dir, None)
+    with Live(snapshot(run_dir, run), console=console, refresh_per_second=4) as live:
         try:
             while True:
                 time.sleep(refresh_s)
                 try:
-                    live.update(snapshot(run_dir))
+                    run = _reopen(run_dir, run)
+                    live.update(snapshot(run_dir, run))
                 except NoTelemetry:
                     raise
                 except Exception as exc:  # noqa: BLE001 - a file mid-creation: try again
                     live.console.log(f"read failed, retrying: {type(exc).__name__}: {exc}")
         except KeyboardInterrupt:
             return 0
+        finally:
+            run.close()

@@ -192,7 +192,7 @@ class Trainer:
             loss.backward()
             loss_sum += loss.detach()
         t1 = time.perf_counter()
-        grad_norm = clip_grad_norm_(self.model, self.grad_clip)
+        grad_norm = clip_grad_norm_(self.model, self.grad_clip, self.comm_timer)
         t_clip = time.perf_counter()
         for hook in self.hooks:
             hook.before_optimizer_step(self)

@@ -13,7 +13,6 @@ import numpy as np
 from toolkit.config.telemetry import ReportConfig
 from toolkit.telemetry.read import NodeData, RunData
 from toolkit.telemetry.schema import CHECKPOINT, EVAL, PREEMPTION, RESTART
-from toolkit.telemetry.sources.nvml import THROTTLE_MASK
 
 NON_BLOCKING_MARKERS = ("write", "background", "async", "upload")
 
@@ -111,58 +110,6 @@ def rank_stats(series: RankSeries) -> dict[str, float]:
         "median_mfu": float(np.median(_measured(series, "mfu"))),
         "data_wait_share": float(wait.sum() / step.sum()) if step.sum() > 0 else 0.0,
     }
-
-
-@dataclass
-class GpuStats:
-    node: str
-    index: int
-    mean_util_pct: float
-    mean_power_w: float
-    throttle_s: float
-    max_temp_c: float
-    energy_j: float
-
-
-def _sample_dt(times: np.ndarray) -> np.ndarray:
-    if len(times) < 2:
-        return np.zeros(len(times))
-    dt = np.diff(times, append=times[-1])
-    typical = float(np.median(dt[:-1]))
-    return np.clip(dt, 0, 2 * typical)
-
-
-def gpu_stats(node: NodeData) -> list[GpuStats]:
-    out = []
-    for index, t in sorted(node.gpus.items()):
-        if len(t) == 0:
-            continue
-        dt = _sample_dt(t["time"])
-        reasons = t.get("clock_event_reasons")
-        throttle = float(dt[(reasons & THROTTLE_MASK) != 0].sum()) if reasons is not None else 0.0
-        energy = t.get("energy_j")
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            out.append(
-                GpuStats(
-                    node=node.node,
-                    index=index,
-                    mean_util_pct=_nanmean(t.get("utilization_gpu_pct")),
-                    mean_power_w=_nanmean(t.get("power_w")),
-                    throttle_s=throttle,
-                    max_temp_c=_nanmax(t.get("temperature_gpu_c")),
-                    energy_j=float(energy[-1] - energy[0]) if energy is not None else float("nan"),
-                )
-            )
-    return out
-
-
-def _nanmean(a: np.ndarray | None) -> float:
-    return float(np.nanmean(a)) if a is not None and len(a) else float("nan")
-
-
-def _nanmax(a: np.ndarray | None) -> float:
-    return float(np.nanmax(a)) if a is not None and len(a) else float("nan")
 
 
 @dataclass
@@ -293,7 +240,15 @@ def find_idle_gaps(
         for i in np.nonzero(gap > threshold)[0]:
             restart = bool(s.attempt[i] != s.attempt[i + 1])
             raw.append((float(end[i]), float(start[i + 1]), r, restart))
-    raw.sort()
+    return explain_gaps(raw, events)
+
+
+def explain_gaps(
+    raw: list[tuple[float, float, int, bool]], events: list[dict[str, Any]]
+) -> list[IdleGap]:
+    """(end of a step, start of the next, rank, attempt changed) merged over ranks and
+    explained by the events that cover them."""
+    raw = sorted(raw)
     merged: list[list[Any]] = []
     for a, b, r, restart in raw:
         if merged and a <= merged[-1][1]:
@@ -346,10 +301,40 @@ def has_split(columns: dict[str, np.ndarray]) -> bool:
     return all(f in columns and np.isfinite(columns[f]).all() for f in SPLIT_FIELDS)
 
 
+@dataclass
+class RankTime:
+    """What the attribution needs of one rank: column sums per file (attempt), the
+    (attempt, first step start, last step end) of each, and whether steps carry the split."""
+
+    sums: list[dict[str, float]]
+    spans: list[tuple[int, float, float]]
+    split: bool
+
+
 def attribute_time(series: dict[int, RankSeries], events: list[dict[str, Any]]) -> Attribution:
     """Each rank's wall time from its first step start to its last step end (per attempt),
     split into compute, data wait, communication (when steps carry comm_s), checkpoint stall,
     evaluation and other/idle; restart downtime between attempts is counted apart."""
+    ranks = {}
+    for r, s in series.items():
+        cols = s.columns
+        sums = {n: float(cols[n].sum()) for n in SUM_FIELDS if n in cols}
+        spans = [
+            (
+                int(a),
+                float(s.start[s.attempt == a].min()),
+                float(cols["wall_time"][s.attempt == a].max()),
+            )
+            for a in np.unique(s.attempt)
+        ]
+        ranks[r] = RankTime([sums], spans, has_split(cols))
+    return attribution_of(ranks, events)
+
+
+SUM_FIELDS = ("step_time_s", "data_wait_s", "comm_s") + SPLIT_FIELDS
+
+
+def attribution_of(ranks: dict[int, RankTime], events: list[dict[str, Any]]) -> Attribution:
     cats = dict.fromkeys(
         ("compute", "data_wait", "communication", "checkpoint_stall", "eval", "idle_other"), 0.0
     )
@@ -357,31 +342,28 @@ def attribute_time(series: dict[int, RankSeries], events: list[dict[str, Any]]) 
     by_rank: dict[int, list[dict[str, Any]]] = {}
     for e in events:
         by_rank.setdefault(e["rank"], []).append(e)
-    for r, s in series.items():
-        cols = s.columns
-        in_step = float(cols["step_time_s"].sum())
-        wait = float(cols["data_wait_s"].sum())
-        comm = float(cols["comm_s"].sum()) if "comm_s" in cols else 0.0
-        span = 0.0
-        for attempt in np.unique(s.attempt):
-            sel = s.attempt == attempt
-            span += float(cols["wall_time"][sel].max() - s.start[sel].min())
-        starts = [float(s.start[s.attempt == a].min()) for a in np.unique(s.attempt)]
-        ends = [float(cols["wall_time"][s.attempt == a].max()) for a in np.unique(s.attempt)]
-        downtime += sum(max(0.0, b - a) for a, b in zip(ends[:-1], starts[1:], strict=False))
+    for r, rt in ranks.items():
+
+        def total(name: str, rt: RankTime = rt) -> float:
+            return float(sum(s.get(name, 0.0) for s in rt.sums))
+
+        in_step, wait, comm = total("step_time_s"), total("data_wait_s"), total("comm_s")
+        spans = sorted(rt.spans)
+        span = sum(end - start for _a, start, end in spans)
+        downtime += sum(max(0.0, b[1] - a[2]) for a, b in zip(spans[:-1], spans[1:], strict=True))
         mine = by_rank.get(r, [])
-        spans = [blocking_span(e) for e in mine]
-        stall = sum(span[1] - span[0] for span in spans if span is not None)
+        blocking = [blocking_span(e) for e in mine]
+        stall = sum(b[1] - b[0] for b in blocking if b is not None)
         ev = sum(e["end"] - e["start"] for e in mine if e["name"] == EVAL)
-        if has_split(cols):  # steps carry their split
+        if rt.split:  # steps carry their split
             cats.setdefault("optimizer", 0.0)
-            cats["compute"] += float(cols["compute_s"].sum())
-            cats["communication"] += float(cols["comm_exposed_s"].sum())
-            cats["optimizer"] += float(cols["optimizer_step_s"].sum())
-            in_step_stall = float(cols["checkpoint_stall_s"].sum())
+            cats["compute"] += total("compute_s")
+            cats["communication"] += total("comm_exposed_s")
+            cats["optimizer"] += total("optimizer_step_s")
+            in_step_stall = total("checkpoint_stall_s")
             cats["checkpoint_stall"] += in_step_stall
-            other = in_step - wait - in_step_stall - float(cols["compute_s"].sum())
-            other -= float(cols["comm_exposed_s"].sum()) + float(cols["optimizer_step_s"].sum())
+            other = in_step - wait - in_step_stall - total("compute_s")
+            other -= total("comm_exposed_s") + total("optimizer_step_s")
             cats["idle_other"] += max(0.0, other)
         else:
             cats["compute"] += in_step - wait - comm
@@ -390,7 +372,9 @@ def attribute_time(series: dict[int, RankSeries], events: list[dict[str, Any]]) 
         cats["checkpoint_stall"] += stall
         cats["eval"] += ev
         cats["idle_other"] += max(0.0, span - in_step - stall - ev)
-    if not any(c in s.columns for s in series.values() for c in ("comm_s", "comm_exposed_s")):
+    if not any(
+        c in s for rt in ranks.values() for s in rt.sums for c in ("comm_s", "comm_exposed_s")
+    ):
         cats.pop("communication")
     cats["restart_downtime"] = downtime
     return Attribution(cats)

@@ -11,9 +11,11 @@ from typing import Any
 import numpy as np
 
 from toolkit.config.telemetry import ReportConfig
-from toolkit.telemetry.read import RunData, load_run
+from toolkit.telemetry.read import RunData, load_run, node_files
 from toolkit.telemetry.report import analysis, export, model
-from toolkit.telemetry.report.analysis import Attribution, GpuStats, IdleGap, Straggler
+from toolkit.telemetry.report.analysis import Attribution, IdleGap, Straggler
+from toolkit.telemetry.report.gpustats import GpuStats, gpu_stats
+from toolkit.telemetry.report.scaled import Scaled, load_scaled
 from toolkit.telemetry.report.verdict import Verdict, diagnose
 
 
@@ -36,6 +38,7 @@ class Report:
     elapsed_s: float = 0.0
     verdict: Verdict | None = None
     profiles: list[str] = field(default_factory=list)  # RUN_DIR/profiles/step<N>/rank<k>.json.gz
+    scale: dict[str, Any] | None = None  # read through per-node summaries: how
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,7 @@ class Report:
             "num_events": len(self.events),
             "verdict": self.verdict.to_json() if self.verdict is not None else None,
             "profiles": self.profiles,
+            **({"scale": self.scale} if self.scale is not None else {}),
         }
 
 
@@ -67,10 +71,17 @@ def _gpu_of_rank(run: RunData, rank: int, node: str) -> tuple[str, int] | None:
     return None
 
 
-def analyse(run: RunData, cfg: ReportConfig) -> tuple[Report, dict[int, analysis.RankSeries]]:
-    series = analysis.collect_steps(run, cfg.skip_first_steps)
+def analyse(
+    run: RunData, cfg: ReportConfig, scaled: Scaled | None = None
+) -> tuple[Report, dict[int, analysis.RankSeries]]:
+    """The report's analysis; with `scaled` (a long run read through per-node summaries)
+    the series are step chunks and the exact figures come from the summaries."""
+    if scaled is None:
+        series = analysis.collect_steps(run, cfg.skip_first_steps)
+        gpus = [g for n in run.nodes for g in gpu_stats(n)]
+    else:
+        series, gpus = scaled.series, scaled.gpus
     events = sorted((e for n in run.nodes for e in n.events), key=lambda e: e["start"])
-    gpus = [g for n in run.nodes for g in analysis.gpu_stats(n)]
     # A GPU seen in several attempts: merge its stats (sum of throttle, mean of the rest).
     by_gpu: dict[tuple[str, int], list[GpuStats]] = {}
     for g in gpus:
@@ -93,7 +104,7 @@ def analyse(run: RunData, cfg: ReportConfig) -> tuple[Report, dict[int, analysis
     for r, s in series.items():
         row: dict[str, Any] = {"node": s.node, "rank": r}
         row["attempts"] = sorted(int(a) for a in np.unique(s.attempt))
-        row.update(analysis.rank_stats(s))
+        row.update(analysis.rank_stats(s) if scaled is None else scaled.rank_stats[r])
         gpu = gpu_index.get(_gpu_of_rank(run, r, s.node) or ("", -1))
         row["gpu_util_pct"] = gpu.mean_util_pct if gpu else None
         row["power_w"] = gpu.mean_power_w if gpu else None
@@ -146,19 +157,28 @@ def analyse(run: RunData, cfg: ReportConfig) -> tuple[Report, dict[int, analysis
         ranks=rank_rows,
         gpus=gpu_rows,
         stragglers=analysis.find_stragglers(series, cfg) if series else [],
-        idle_gaps=analysis.find_idle_gaps(series, events, cfg) if series else [],
-        attribution=analysis.attribute_time(series, events) if series else Attribution(),
+        idle_gaps=[],
+        attribution=Attribution(),
         events=events,
         skipped=[(str(p), why) for p, why in run.skipped],
         absent=absent,
     )
-    report.verdict = _diagnose(run, series, report, cfg)
+    if scaled is not None:
+        report.idle_gaps, report.attribution = scaled.idle_gaps, scaled.attribution
+    elif series:
+        report.idle_gaps = analysis.find_idle_gaps(series, events, cfg)
+        report.attribution = analysis.attribute_time(series, events)
+    report.verdict = _diagnose(run, series, report, cfg, scaled.terms if scaled else None)
     report.profiles = [str(p) for p in export.profile_files(run.run_dir)]
     return report, series
 
 
 def _diagnose(
-    run: RunData, series: dict[int, analysis.RankSeries], report: Report, cfg: ReportConfig
+    run: RunData,
+    series: dict[int, analysis.RankSeries],
+    report: Report,
+    cfg: ReportConfig,
+    terms: dict[str, float] | None = None,
 ) -> Verdict:
     job = model.load_config(run.run_dir)
     world = max((int(n.attrs.get("world_size", 0) or 0) for n in run.nodes), default=0)
@@ -173,7 +193,17 @@ def _diagnose(
         job,
         predicted,
         note,
+        terms=terms,
     )
+
+
+def streams(run_dir: Path, cfg: ReportConfig) -> bool:
+    """Whether the report reads through per-node summaries (`--stream`; by default when
+    the node files together exceed cfg.stream_above_mb)."""
+    if cfg.stream != "auto":
+        return cfg.stream == "on"
+    files = node_files(run_dir) if run_dir.is_dir() else []
+    return sum(p.stat().st_size for p in files) > cfg.stream_above_mb * 1e6
 
 
 def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Report:
@@ -181,9 +211,16 @@ def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Repo
     from toolkit.telemetry.report import html, plots, slurm
 
     t0 = time.perf_counter()
-    run = load_run(Path(run_dir))
+    scaled = load_scaled(Path(run_dir), cfg) if streams(Path(run_dir), cfg) else None
+    run = scaled.run if scaled is not None else load_run(Path(run_dir))
     try:
-        report, series = analyse(run, cfg)
+        report, series = analyse(run, cfg, scaled)
+        if scaled is not None:
+            report.scale = {
+                "chunk_steps": scaled.chunk_steps,
+                "summaries_cached": scaled.summaries_cached,
+                "summaries_computed": scaled.summaries_computed,
+            }
         out = Path(out_dir) if out_dir else Path(run_dir) / "telemetry" / "report"
         out.mkdir(parents=True, exist_ok=True)
         report.out_dir = out
@@ -192,10 +229,12 @@ def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Repo
             report.sacct, report.sacct_note = slurm.sacct(job_ids[0] if job_ids else "")
         else:
             report.sacct_note = "Slurm accounting not asked for (--no-sacct)"
-        if cfg.export:
+        if cfg.export and scaled is None:
             report.outputs.update(export.write_csv(series, report.events, out))
             trace = export.write_trace(run, series, report.events, out / "trace.json")
             report.outputs["trace"] = str(trace)
+        elif cfg.export:  # a long run: chunk means, not every step; no step-level trace
+            report.outputs.update(export.write_csv(series, report.events, out, "step_chunks"))
         images: dict[str, Path] = {}
         if cfg.plots:
             images = plots.write_plots(run, series, report, out, cfg.max_plot_points)

@@ -41,9 +41,10 @@ def _format(name: str, values: np.ndarray) -> str:
 
 
 def write_csv(
-    series: dict[int, RankSeries], events: list[dict[str, Any]], out: Path
+    series: dict[int, RankSeries], events: list[dict[str, Any]], out: Path, steps: str = "steps"
 ) -> dict[str, str]:
-    steps_path = out / "steps.csv"
+    """steps.csv (or step_chunks.csv: a long run's chunk means) and events.csv."""
+    steps_path = out / f"{steps}.csv"
     common = set.intersection(*(set(s.columns) for s in series.values())) if series else set()
     fields = [n for n in STEP_FIELDS if n in common] + sorted(common - set(STEP_FIELDS))
     with open(steps_path, "w", newline="") as f:
@@ -75,7 +76,7 @@ def write_csv(
                     json.dumps(e["attrs"]),
                 ]
             )
-    return {"steps_csv": str(steps_path), "events_csv": str(events_path)}
+    return {f"{steps}_csv": str(steps_path), "events_csv": str(events_path)}
 
 
 def write_trace(

@@ -61,9 +61,20 @@ def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
             f'<li><a href="{html.escape(Path(p).resolve().as_uri())}">{html.escape(p)}</a></li>'
             for p in report.profiles
         )
+        merged = (
+            "Merged with the telemetry timeline in trace.json (ui.perfetto.dev)."
+            if "trace" in report.outputs
+            else "No trace.json: a long run read through per-node summaries (--stream off)."
+        )
         parts.append(
-            "<h2 id=profiles>Profiler windows</h2><ul>" + links + "</ul><p class=note>"
-            "Merged with the telemetry timeline in trace.json (ui.perfetto.dev).</p>"
+            "<h2 id=profiles>Profiler windows</h2><ul>" + links + f"</ul><p class=note>{merged}</p>"
+        )
+    if report.scale is not None:
+        parts.append(
+            f"<p class=note>Read through per-node summaries: steps in chunks of "
+            f"{report.scale['chunk_steps']}; stragglers scored per chunk "
+            f"({report.scale['summaries_cached']} summaries cached, "
+            f"{report.scale['summaries_computed']} computed).</p>"
         )
     parts.append("<h2>Nodes</h2>" + _table(tables.NODE_HEADER, tables.node_rows(report)))
     parts.append("<h2>Stragglers</h2>")

@@ -190,5 +190,11 @@ def print_report(report: Report, console: Any = None, max_rank_rows: int = 64) -
                 f"slurm job {job['job_id']}: state {job['state']}, elapsed {job['elapsed_s']} s, "
                 f"requeues {job['requeues']}, nodes {job['nodes']}"
             )
+    if report.scale is not None:
+        console.print(
+            f"[dim]read through per-node summaries: steps in chunks of "
+            f"{report.scale['chunk_steps']}, {report.scale['summaries_cached']} summaries "
+            f"cached, {report.scale['summaries_computed']} computed[/dim]"
+        )
     for key, path in report.outputs.items():
         console.print(f"[dim]{key}: {path}[/dim]")

@@ -15,7 +15,8 @@ import numpy as np
 
 from toolkit.config.telemetry import ReportConfig
 from toolkit.telemetry.report import analysis
-from toolkit.telemetry.report.analysis import Attribution, GpuStats, IdleGap, RankSeries
+from toolkit.telemetry.report.analysis import Attribution, IdleGap, RankSeries
+from toolkit.telemetry.report.gpustats import GpuStats
 from toolkit.telemetry.report.model import MEASURED_OF_TERM
 from toolkit.telemetry.schema import XID
 
@@ -72,11 +73,19 @@ def _straggler_wait(series: dict[int, RankSeries]) -> tuple[list[int], np.ndarra
     """Per-step compute matrix (ranks x steps) and the rank-seconds fast ranks waited for
     the slowest one (sum over steps of max - each rank's compute)."""
     ranks, m = analysis._step_matrix(series, "compute_s")
+    w = _steps_per_row(series)
     cols = np.all(np.isfinite(m), axis=0)
     m = m[:, cols]
     if m.size == 0:
         return ranks, m, 0.0
-    return ranks, m, float((m.max(axis=0) - m).sum())
+    return ranks, m, float(((m.max(axis=0) - m) * w[:, cols]).sum())
+
+
+def _steps_per_row(series: dict[int, RankSeries]) -> np.ndarray:
+    """Steps each matrix cell stands for: 1, or a chunk's step count (report/scaled.py)."""
+    chunks = all("count" in s.columns for s in series.values())
+    _ranks, m = analysis._step_matrix(series, "count" if chunks else "step_time_s")
+    return np.nan_to_num(m) if chunks else np.ones_like(m)
 
 
 def _waited_for(series: dict[int, RankSeries], straggler: int) -> float:
@@ -86,10 +95,11 @@ def _waited_for(series: dict[int, RankSeries], straggler: int) -> float:
         return 0.0
     ranks, m = analysis._step_matrix(series, "comm_exposed_s")
     mine = m[ranks.index(straggler)]
+    w = np.delete(_steps_per_row(series), ranks.index(straggler), axis=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         excess = np.clip(np.delete(m, ranks.index(straggler), axis=0) - mine, 0, None)
-    return float(np.nansum(excess))
+    return float(np.nansum(excess * w))
 
 
 def diagnose(
@@ -102,14 +112,17 @@ def diagnose(
     job: Any,
     predicted: dict[str, float],
     model_note: str = "",
+    terms: dict[str, float] | None = None,
 ) -> Verdict:
+    """`terms`: the measured per-term medians when the caller has them exactly (a long
+    run's per-node summaries); else computed from the series."""
     seconds = {k: v for k, v in attribution.seconds.items() if k != "restart_downtime"}
     total = sum(seconds.values()) or 1.0
     dominant = max(seconds, key=lambda k: seconds[k]) if seconds else "compute"
     verdict = Verdict(
         dominant=dominant,
         dominant_share=seconds.get(dominant, 0.0) / total,
-        terms=measured_terms(series) if series else {},
+        terms=terms if terms is not None else (measured_terms(series) if series else {}),
         predicted=predicted,
     )
     if model_note:
