@@ -13,6 +13,12 @@ such as the checkpoint writer, pass through untimed):
 
 `take()` returns and resets the sums: the loop calls it once per step. Pure bookkeeping;
 installing is reversible (`uninstall`) and idempotent per process.
+
+With a `progress` object (toolkit.telemetry.heartbeat.Heartbeat: enter/block/leave), the
+same wrappers also record which collective the training thread last entered and which one
+it is blocked in (the call itself, or `Work.wait()` on an earlier async one), numbered in
+the order the thread issued them: what the hang watchdog reads. `timing=False` keeps only
+that record (telemetry.comm_timing=false with the watchdog on).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
@@ -40,10 +46,25 @@ WRAPPED = {
     "irecv": "p2p",
 }
 ASYNC_ALWAYS = ("isend", "irecv")
+MAX_TRACKED_WORKS = 4096  # async works never waited on are forgotten past this many
+
+
+class Progress(Protocol):
+    def enter(self, op: str) -> int: ...
+    def block(self, seq: int, op: str) -> None: ...
+    def leave(self) -> None: ...
+
+
+def op_name(name: str, kind: str) -> str:
+    """The op a hang report names: the kind for collectives, the call for p2p."""
+    return name if kind == "p2p" else kind
 
 
 class CommTimer:
-    def __init__(self) -> None:
+    def __init__(self, progress: Progress | None = None, timing: bool = True) -> None:
+        self.progress = progress
+        self.timing = timing
+        self._works: dict[int, tuple[int, str]] = {}  # id(work) -> (seq, op), until waited
         self.exposed_s = 0.0
         self._originals: dict[str, Any] = {}
         self._thread = threading.get_ident()
@@ -84,38 +105,58 @@ class CommTimer:
         return busy, exposed
 
     def _add(self, kind: str, seconds: float) -> None:
-        self._done.append((kind, seconds))
+        if self.timing:
+            self._done.append((kind, seconds))
 
     def _wrap_wait(self, original: Any) -> Any:
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self._thread or self._depth:
                 return original(work, *args, **kwargs)
+            progress = self.progress
+            if progress is not None:
+                seq, op = self._works.pop(id(work), (0, "other"))
+                progress.block(seq, op)
             t0 = time.perf_counter()
             try:
                 return original(work, *args, **kwargs)
             finally:
-                self.exposed_s += time.perf_counter() - t0
+                if self.timing:
+                    self.exposed_s += time.perf_counter() - t0
+                if progress is not None:
+                    progress.leave()
 
         return wait
 
     def _wrap(self, original: Any, name: str, kind: str) -> Any:
         is_async = name in ASYNC_ALWAYS
+        op = op_name(name, kind)
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self._thread or self._depth:
                 return original(*args, **kwargs)
+            progress = self.progress
+            seq = progress.enter(op) if progress is not None else 0
             t0 = time.perf_counter()
             self._depth += 1
             try:
                 work = original(*args, **kwargs)
             finally:
                 self._depth -= 1
+                if progress is not None:
+                    progress.leave()
             if work is None or not (is_async or kwargs.get("async_op")):
                 elapsed = time.perf_counter() - t0
                 self._add(kind, elapsed)
-                self.exposed_s += elapsed
+                if self.timing:
+                    self.exposed_s += elapsed
+                return work
+            if progress is not None:
+                if len(self._works) >= MAX_TRACKED_WORKS:
+                    self._works.clear()
+                self._works[id(work)] = (seq, op)
+            if not self.timing:
                 return work
             try:
                 future = work.get_future()
