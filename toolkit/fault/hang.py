@@ -122,13 +122,14 @@ def pending_stack_file(run_dir: Path, rank: int, pid: int) -> Path:
 
 
 _dump_file: IO[str] | None = None
+_dump_path: Path | None = None
 
 
 def install_stack_dump(run_dir: Path, rank: int) -> Path | None:
     """Every thread's stack into pending_stack_file(...) on DUMP_SIGNAL (async-signal-safe:
     faulthandler writes from C, so a rank blocked in a collective or a sleep still dumps).
     Best effort: None when it cannot be installed."""
-    global _dump_file
+    global _dump_file, _dump_path
     path = pending_stack_file(run_dir, rank, os.getpid())
     try:
         hangs_dir(run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -136,6 +137,7 @@ def install_stack_dump(run_dir: Path, rank: int) -> Path | None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
         _dump_file = os.fdopen(fd, "w")
         faulthandler.register(DUMP_SIGNAL, file=_dump_file, all_threads=True, chain=False)
+        _dump_path = path
     except (OSError, RuntimeError, ValueError):
         return None
     return path
@@ -143,16 +145,15 @@ def install_stack_dump(run_dir: Path, rank: int) -> Path | None:
 
 def remove_stack_dump() -> None:
     """At a clean exit: unregister and remove the pending file when nothing was dumped."""
-    global _dump_file
+    global _dump_file, _dump_path
     if _dump_file is None:
         return
     with contextlib.suppress(Exception):
         faulthandler.unregister(DUMP_SIGNAL)
-        name = Path(_dump_file.name) if isinstance(_dump_file.name, str) else None
         _dump_file.close()
-        if name is not None and name.stat().st_size == 0:
-            name.unlink()
-    _dump_file = None
+        if _dump_path is not None and _dump_path.stat().st_size == 0:
+            _dump_path.unlink()
+    _dump_file = _dump_path = None
 
 
 # -- the pure part ------------------------------------------------------------------------
