@@ -83,6 +83,43 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def poke_flight_recorder(rank: int) -> bool:
+    """Ask PyTorch's NCCL monitor of `rank` to dump its flight recorder now: one byte into
+    the rank's FIFO (TORCH_NCCL_DEBUG_INFO_PIPE_FILE, inherited from the rank that started
+    this agent; toolkit.nccl sets it on GPU). False when there is none (gloo, CPU, an older
+    PyTorch) or nobody reads it."""
+    stem = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+    if not stem:
+        return False
+    try:
+        fd = os.open(f"{stem}{rank}.pipe", os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # absent, or ENXIO: no reader
+        return False
+    try:
+        os.write(fd, b"1")
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def copy_flight_recorder(rank: int, directory: Path, since_unix: float) -> None:
+    """The rank's flight-recorder dump (TORCH_FR_DUMP_TEMP_FILE<rank>, PyTorch's own
+    format: copied as bytes, never loaded here) into the hang directory, when one was
+    written for this hang."""
+    for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"):
+        stem = os.environ.get(name)
+        source = Path(f"{stem}{rank}") if stem else None
+        with contextlib.suppress(OSError):
+            if source is not None and source.stat().st_mtime >= since_unix - 1.0:
+                target = directory / f"nccl-flight-recorder-rank{rank}"
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(source.read_bytes())
+                return
+
+
 class Watchdog:
     def __init__(self, spec: AgentSpec, settings: WatchdogSpec):
         self.spec = spec
@@ -213,16 +250,19 @@ class Watchdog:
 
     def dump_local_ranks(self, directory: Path) -> None:
         ranks = self.snapshot()  # before the signal: the dumps move no counter, but be sure
+        asked = time.time()
         for r in ranks:
             if pid_alive(r["pid"]):
                 with contextlib.suppress(OSError):
                     os.kill(r["pid"], DUMP_SIGNAL)
+                poke_flight_recorder(r["rank"])
         time.sleep(DUMP_WAIT_S)
         for r in ranks:
             pending = pending_stack_file(self.run_dir, r["rank"], r["pid"])
             with contextlib.suppress(OSError):
                 write_private(directory / f"stacks-rank{r['rank']}.txt", pending.read_text())
                 pending.unlink()
+            copy_flight_recorder(r["rank"], directory, since_unix=asked)
         node = {"host": self.host, "socket_host": socket.gethostname(), "ranks": ranks}
         write_private(directory / f"node-{self.host}.json", json.dumps(node, indent=2))
 
@@ -244,7 +284,7 @@ class Watchdog:
         summary["ranks"] = ranks
         summary["stacks"] = sorted(p.name for p in directory.glob("stacks-rank*.txt"))
         summary["nccl_flight_recorder"] = sorted(
-            str(p) for p in (self.run_dir / "nccl" / "flight_recorder").glob("rank_*")
+            p.name for p in directory.glob("nccl-flight-recorder-rank*")
         )
         summary["job_id"] = self.spec.job_id
         summary["attempt"] = self.spec.attempt
