@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launch, losses
+from toolkit.config.telemetry import ReportConfig
 from toolkit.errors import EXIT_HANG
 from toolkit.fault.hang import read_hang_summary
+from toolkit.telemetry.report.build import build_report
 
 FAST = ["fault.hang_timeout_s=5", "fault.hang_startup_timeout_s=60"]
 
@@ -70,6 +72,11 @@ def test_a_rank_blocking_before_a_collective_is_named_dumped_and_the_job_ends_79
     # Bounded: the timeout, the dumps, the kill: well under a minute after the hang.
     assert elapsed < 90, elapsed
     assert len(losses(tmp_path)) == 3  # the steps before the hang were recorded
+    # The telemetry report leads its diagnosis with the hang (the agent's "hang" event).
+    report = build_report(tmp_path, None, ReportConfig(sacct=False, plots=False, export=False))
+    hangs = [f for f in report.verdict.findings if f.kind == "hang"]
+    assert [f.what for f in hangs] == [line]
+    assert report.verdict.findings[0].kind == "hang"
 
 
 def test_a_rank_hanging_outside_collectives_is_named(tmp_path, tiny) -> None:
