@@ -360,11 +360,12 @@ class Trainer:
             if not stopped_by_hook and (stop.reason == "completed" or val_loss is None):
                 val_loss = self._eval_event() if self.val_loader is not None else None
         finally:
-            self._beat("end")
+            self._beat("hooks")  # on_end may wait for the last background save
             self.stop = stop
             self.loader.close()
             for hook in self.hooks:
                 hook.on_end(self)
+        self._beat("end")
         return self.summary(time.time() - self._started, val_loss)
 
     def _beat(self, phase: str) -> None:
