@@ -70,9 +70,8 @@ def toolkit_steps(job: Any, env: Any, run_dir: Path, device: Any) -> tuple[list,
         trainer.fit()
     finally:
         trainer.sink.close()
-        tracker = getattr(trainer, "comm_tracker", None) or trainer.comm_timer
-        if tracker is not None:
-            tracker.uninstall()
+        if trainer.comm_timer is not None:
+            trainer.comm_timer.uninstall()
     seq = trainer.heartbeat.entered_seq if trainer.heartbeat is not None else 0
     return clock.ends, seq
 
@@ -187,7 +186,11 @@ def hang_to_exit(args: argparse.Namespace) -> dict[str, Any]:
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=repo, check=False)
         ended = time.time()
-        steps = [json.loads(x) for x in (run_dir / "metrics" / "rank0.jsonl").read_text().split()]
+        steps = [
+            json.loads(x)
+            for x in (run_dir / "metrics" / "rank0.jsonl").read_text().splitlines()
+            if x.strip()
+        ]
         hung_at = steps[-1]["wall_time"]
         runs.append(
             {

@@ -192,11 +192,10 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         val_loader=val_loader,
         grad_clip=job.optim.grad_clip,
         fault=job.fault,
-        comm_timer=comm if job.telemetry.comm_timing else None,
+        comm_timer=comm,  # timing=False: take() reports zeros, as with no timer
         heartbeat=heartbeat,
         eval_metric=eval_metric,
     )
-    trainer.comm_tracker = comm
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer
 
@@ -211,9 +210,8 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
         summary = trainer.fit()
     finally:
         trainer.sink.close()
-        tracker = getattr(trainer, "comm_tracker", None) or trainer.comm_timer
-        if tracker is not None:
-            tracker.uninstall()
+        if trainer.comm_timer is not None:
+            trainer.comm_timer.uninstall()
     summary["run_dir"] = str(run_dir)
     if env.is_rank0:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -83,6 +83,13 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def dumped(path: Path) -> bool:
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
+
+
 def poke_flight_recorder(rank: int) -> bool:
     """Ask PyTorch's NCCL monitor of `rank` to dump its flight recorder now: one byte into
     the rank's FIFO (TORCH_NCCL_DEBUG_INFO_PIPE_FILE, inherited from the rank that started
@@ -251,12 +258,18 @@ class Watchdog:
     def dump_local_ranks(self, directory: Path) -> None:
         ranks = self.snapshot()  # before the signal: the dumps move no counter, but be sure
         asked = time.time()
+        poked = False
         for r in ranks:
             if pid_alive(r["pid"]):
                 with contextlib.suppress(OSError):
                     os.kill(r["pid"], DUMP_SIGNAL)
-                poke_flight_recorder(r["rank"])
-        time.sleep(DUMP_WAIT_S)
+                poked = poke_flight_recorder(r["rank"]) or poked
+        # Stacks are written at once (from the signal handler); a flight recorder dump
+        # waits for PyTorch's monitor thread: then the whole DUMP_WAIT_S.
+        files = [pending_stack_file(self.run_dir, r["rank"], r["pid"]) for r in ranks]
+        while time.time() < asked + DUMP_WAIT_S and (poked or not all(map(dumped, files))):
+            time.sleep(0.1)
+        time.sleep(0.1)  # the last lines of a dump in progress
         for r in ranks:
             pending = pending_stack_file(self.run_dir, r["rank"], r["pid"])
             with contextlib.suppress(OSError):
