@@ -182,3 +182,19 @@ def test_the_summary_is_json_with_the_shared_fields(tmp_path) -> None:
     path.write_text(json.dumps({"stuck_ranks": []}))
     with pytest.raises(ValueError, match="missing"):
         read_hang_summary(path)
+
+
+def test_the_injected_hang_fires_in_the_first_attempt_only(tmp_path, tiny) -> None:
+    """A requeued job (Slurm restart count 1) resumes past the injected hang."""
+    result = launch(
+        *tiny,
+        "trainer.steps=5",
+        "fault.hang_at_step=2",
+        "fault.hang_rank=1",
+        *FAST,
+        f"hydra.run.dir={tmp_path}",
+        env={"SLURM_RESTART_COUNT": "1"},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(losses(tmp_path)) == 5

@@ -38,7 +38,8 @@ class FaultConfig:
     hang_timeout_s: float | None = None
     hang_startup_timeout_s: float = 1800.0
     # Rank `hang_rank` blocks forever after step hang_at_step: 'collective' just before the
-    # step's all-reduce (the others wait in it), 'outside' at the top of the step.
+    # step's all-reduce (the others wait in it), 'outside' at the top of the step. Only in
+    # the job's first attempt (SLURM_RESTART_COUNT unset or 0): a requeued job resumes past it.
     hang_at_step: int | None = None
     hang_rank: int = 0
     hang_where: str = "collective"

@@ -25,6 +25,7 @@ from toolkit.config.fault import FaultConfig
 from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
 from toolkit.distributed.commtime import CommTimer
+from toolkit.distributed.env import restart_count
 from toolkit.distributed.fsdp import clip_grad_norm_
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
@@ -96,9 +97,13 @@ class Trainer:
         self.fault = fault or FaultConfig()
         self.comm_timer = comm_timer
         self.heartbeat = heartbeat  # progress for the node agent's hang watchdog
+        # Injected hang: in the job's first attempt only, so that a requeued job resumes
+        # past it (Slurm's restart count; always 0 locally).
         self._hang_where = (
             self.fault.hang_where
-            if self.fault.hang_at_step is not None and self.fault.hang_rank == dist.get_rank()
+            if self.fault.hang_at_step is not None
+            and self.fault.hang_rank == dist.get_rank()
+            and restart_count() == 0
             else None
         )
         self.phases: dict[str, float] = {}
