@@ -114,6 +114,21 @@ def test_a_slow_but_progressing_run_is_not_declared_hung(tmp_path, tiny) -> None
     assert "hang" not in agent_log
 
 
+def test_a_first_step_slower_than_the_timeout_gets_the_startup_limit(tmp_path, tiny) -> None:
+    """12 s of data wait in the only step, against a 5 s step limit: start-up, not a hang
+    (with fault.hang_startup_timeout_s=6 the same run is declared hung)."""
+    result = launch(
+        *tiny,
+        "trainer.steps=1",
+        "fault.data_delay_s=12",
+        *FAST,
+        f"hydra.run.dir={tmp_path}",
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not [p for p in (tmp_path / "hangs").iterdir() if not p.name.startswith(".")]
+
+
 def test_the_watchdog_off_leaves_a_hang_alone_until_killed(tmp_path, tiny) -> None:
     """fault.hang_watchdog=false: nothing is declared (the launcher's own limit ends it)."""
     import subprocess
