@@ -163,23 +163,33 @@ class Watchdog:
 
     def poll(self, now: float) -> str | None:
         """Watch; on a hang (here or on another node) handle it and return the agent's stop
-        reason. Never raises: a watchdog failure is logged and watching goes on."""
+        reason. Never raises: a failure to read is logged and watching goes on; a failure
+        while handling a hang (a full disk for the evidence) still ends the local ranks,
+        since the hang itself was seen."""
         if now < self._next_poll:
             return None
         self._next_poll = now + POLL_S
         try:
             hung = self._hung_ranks(now)
+            joined = False
+            if not hung and now >= self._next_claim_check:
+                self._next_claim_check = now + CLAIM_POLL_S
+                joined = self.claim.exists()
+        except Exception:  # noqa: BLE001 - the watchdog must never take the agent down
+            log.exception("hang watchdog failed; still watching")
+            return None
+        if not hung and not joined:
+            return None
+        try:
             if hung:
                 log.warning("hang watchdog: no progress from ranks %s", hung)
                 return self.handle(leader=self._try_claim(now))
-            if now >= self._next_claim_check:
-                self._next_claim_check = now + CLAIM_POLL_S
-                if self.claim.exists():
-                    log.warning("hang watchdog: another node declared a hang; dumping here too")
-                    return self.handle(leader=False)
-        except Exception:  # noqa: BLE001 - the watchdog must never take the agent down
-            log.exception("hang watchdog failed; still watching")
-        return None
+            log.warning("hang watchdog: another node declared a hang; dumping here too")
+            return self.handle(leader=False)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("hang watchdog: could not keep the evidence; ending the ranks")
+            self.kill_local_ranks()
+            return f"hang: ranks ended without full evidence ({type(exc).__name__}: {exc})"
 
     def _hung_ranks(self, now: float) -> list[int]:
         hung = []
