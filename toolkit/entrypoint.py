@@ -61,6 +61,9 @@ def run_rank(run_dir: Path) -> int:
     env = discover()
     setup_logging(env.rank, run_dir)
     log = logging.getLogger("toolkit.entrypoint")
+    from toolkit.fault.hang import install_stack_dump, remove_stack_dump
+
+    install_stack_dump(run_dir, env.rank)  # the hang watchdog's evidence: stacks on a signal
     try:
         job = load_job(run_dir / "config.yaml")
         from toolkit.nccl import configure  # NCCL/PyTorch variables, checked against the node
@@ -89,6 +92,7 @@ def run_rank(run_dir: Path) -> int:
         )
         os._exit(code)  # do not wait for peers or background threads
     shutdown_distributed()
+    remove_stack_dump()
     # A task may ask for a distinct exit code (e.g. 75: checkpointed after a signal).
     return int(result.get("exit_code", 0)) if isinstance(result, dict) else 0
 

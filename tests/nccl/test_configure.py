@@ -28,6 +28,8 @@ def test_auto_on_an_ib_node_exports_detected_and_toolkit_variables(ib_root, tmp_
     assert environ["TORCH_FR_BUFFER_SIZE"] == "2000"
     assert environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     assert environ["TORCH_FR_DUMP_TEMP_FILE"] == f"{tmp_path}/nccl/flight_recorder/rank_"
+    pipe = f"{tmp_path}/nccl/flight_recorder/pipe_rank_"  # the hang watchdog's on-demand dump
+    assert environ["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == pipe
 
 
 def test_precedence_detected_then_profile_then_environment_then_config(ib_root, tmp_path):
@@ -137,6 +139,7 @@ def test_flight_recorder_off_disables_the_dump(eth_root, tmp_path):
     )
     assert environ["TORCH_FR_BUFFER_SIZE"] == "0" and environ["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
     assert "TORCH_FR_DUMP_TEMP_FILE" not in environ
+    assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in environ
 
 
 def test_the_entrypoint_stops_before_init_and_names_the_rank(tmp_path):

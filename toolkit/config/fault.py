@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+HANG_WHERE = ("collective", "outside")
+
 
 @dataclass
 class FaultConfig:
@@ -26,6 +28,21 @@ class FaultConfig:
     # Rank `straggler_rank` sleeps straggler_sleep_s in every step's compute (a slow rank).
     straggler_rank: int | None = None
     straggler_sleep_s: float = 0.0
+    # The hang watchdog (each node's telemetry agent; needs telemetry.enabled): a rank with
+    # no progress (no phase boundary of the loop, no collective entered or left) for
+    # hang_timeout_s is hung: every rank dumps its stacks into RUN_DIR/hangs/<time>/, the job
+    # ends with exit status 79 (and is requeued on Slurm). null: max(300 s, 10 x the median
+    # step time once steps are known). Startup, the first step, checkpoint loads and hooks
+    # (checkpoint saves) get hang_startup_timeout_s.
+    hang_watchdog: bool = True
+    hang_timeout_s: float | None = None
+    hang_startup_timeout_s: float = 1800.0
+    # Rank `hang_rank` blocks forever after step hang_at_step: 'collective' just before the
+    # step's all-reduce (the others wait in it), 'outside' at the top of the step. Only in
+    # the job's first attempt (SLURM_RESTART_COUNT unset or 0): a requeued job resumes past it.
+    hang_at_step: int | None = None
+    hang_rank: int = 0
+    hang_where: str = "collective"
 
 
 def problems(cfg: FaultConfig) -> list[str]:
@@ -47,4 +64,19 @@ def problems(cfg: FaultConfig) -> list[str]:
         p.append(f"fault.straggler_rank={cfg.straggler_rank}: must be >= 0 (or null)")
     if cfg.straggler_sleep_s < 0:
         p.append(f"fault.straggler_sleep_s={cfg.straggler_sleep_s}: must be >= 0")
+    if cfg.hang_timeout_s is not None and cfg.hang_timeout_s <= 0:
+        p.append(f"fault.hang_timeout_s={cfg.hang_timeout_s}: must be > 0 (or null: the default)")
+    if cfg.hang_startup_timeout_s <= 0:
+        p.append(f"fault.hang_startup_timeout_s={cfg.hang_startup_timeout_s}: must be > 0")
+    elif cfg.hang_timeout_s is not None and cfg.hang_startup_timeout_s < cfg.hang_timeout_s:
+        p.append(
+            f"fault.hang_startup_timeout_s={cfg.hang_startup_timeout_s}: must be >= "
+            f"fault.hang_timeout_s={cfg.hang_timeout_s} (startup is the longer limit)"
+        )
+    if cfg.hang_at_step is not None and cfg.hang_at_step < 1:
+        p.append(f"fault.hang_at_step={cfg.hang_at_step}: must be >= 1 (or null)")
+    if cfg.hang_rank < 0:
+        p.append(f"fault.hang_rank={cfg.hang_rank}: must be >= 0")
+    if cfg.hang_where not in HANG_WHERE:
+        p.append(f"fault.hang_where={cfg.hang_where!r}: must be one of {', '.join(HANG_WHERE)}")
     return p

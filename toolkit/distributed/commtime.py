@@ -30,6 +30,12 @@ caller with `span(kind)`.
 
 `take()` returns and resets the sums: the loop calls it once per step. Pure bookkeeping;
 installing is reversible (`uninstall`) and idempotent per process.
+
+With a `progress` object (toolkit.telemetry.heartbeat.Heartbeat: enter/block/leave), the
+same wrappers also record which collective the training thread last entered and which one
+it is blocked in (the call itself, or `Work.wait()` on an earlier async one), numbered in
+the order the thread issued them: what the hang watchdog reads. `timing=False` keeps only
+that record (telemetry.comm_timing=false with the watchdog on).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
@@ -59,6 +65,18 @@ WRAPPED = {
     "irecv": "p2p",
 }
 ASYNC_ALWAYS = ("isend", "irecv")
+MAX_TRACKED_WORKS = 4096  # async works never waited on are forgotten past this many
+
+
+class Progress(Protocol):
+    def enter(self, op: str) -> int: ...
+    def block(self, seq: int, op: str) -> None: ...
+    def leave(self) -> None: ...
+
+
+def op_name(name: str, kind: str) -> str:
+    """The op a hang report names: the kind for collectives, the call for p2p."""
+    return name if kind == "p2p" else kind
 
 
 def cuda_event() -> Any:
@@ -68,9 +86,20 @@ def cuda_event() -> Any:
 
 
 class CommTimer:
-    def __init__(self, cuda: bool = False, event: Callable[[], Any] | None = None) -> None:
-        """cuda: time collectives with CUDA events (`event` makes one: a stand-in in tests)."""
-        self._event = (event or cuda_event) if cuda else None
+    def __init__(
+        self,
+        progress: Progress | None = None,
+        timing: bool = True,
+        cuda: bool = False,
+        event: Callable[[], Any] | None = None,
+    ) -> None:
+        """progress: the hang watchdog's record of the collective in flight; timing=False
+        keeps only that. cuda: time collectives with CUDA events (`event` makes one: a
+        stand-in in tests)."""
+        self.progress = progress
+        self.timing = timing
+        self._works: dict[int, tuple[int, str]] = {}  # id(work) -> (seq, op), until waited
+        self._event = (event or cuda_event) if cuda and timing else None
         self._pending: list[tuple[str, Any, Any]] = []  # (kind, start, end) event pairs
         self._open: dict[int, tuple[Any, str, Any]] = {}  # id(work) -> (work, kind, start)
         self.exposed_s = 0.0
@@ -126,6 +155,9 @@ class CommTimer:
         if threading.get_ident() != self._thread or self._depth:
             yield
             return
+        progress = self.progress
+        if progress is not None:
+            progress.enter(kind)
         start = self._record()
         t0 = time.perf_counter()
         self._depth += 1
@@ -133,8 +165,11 @@ class CommTimer:
             yield
         finally:
             self._depth -= 1
+            if progress is not None:
+                progress.leave()
             elapsed = time.perf_counter() - t0
-            self.exposed_s += elapsed
+            if self.timing:
+                self.exposed_s += elapsed
             if start is None:
                 self._add(kind, elapsed)
             else:
@@ -149,31 +184,42 @@ class CommTimer:
         return event
 
     def _add(self, kind: str, seconds: float) -> None:
-        self._done.append((kind, seconds))
+        if self.timing:
+            self._done.append((kind, seconds))
 
     def _wrap_wait(self, original: Any) -> Any:
         @functools.wraps(original)
         def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self._thread or self._depth:
                 return original(work, *args, **kwargs)
+            progress = self.progress
+            if progress is not None:
+                seq, op = self._works.pop(id(work), (0, "other"))
+                progress.block(seq, op)
             t0 = time.perf_counter()
             try:
                 return original(work, *args, **kwargs)
             finally:
-                self.exposed_s += time.perf_counter() - t0
+                if self.timing:
+                    self.exposed_s += time.perf_counter() - t0
                 opened = self._open.pop(id(work), None)
                 if opened is not None:  # CUDA: the current stream now waits for it
                     self._pending.append((opened[1], opened[2], self._record()))
+                if progress is not None:
+                    progress.leave()
 
         return wait
 
     def _wrap(self, original: Any, name: str, kind: str) -> Any:
         is_async = name in ASYNC_ALWAYS
+        op = op_name(name, kind)
 
         @functools.wraps(original)
         def timed(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self._thread or self._depth:
                 return original(*args, **kwargs)
+            progress = self.progress
+            seq = progress.enter(op) if progress is not None else 0
             start = self._record()
             t0 = time.perf_counter()
             self._depth += 1
@@ -181,13 +227,22 @@ class CommTimer:
                 work = original(*args, **kwargs)
             finally:
                 self._depth -= 1
+                if progress is not None:
+                    progress.leave()
             if work is None or not (is_async or kwargs.get("async_op")):
                 elapsed = time.perf_counter() - t0
-                self.exposed_s += elapsed
+                if self.timing:
+                    self.exposed_s += elapsed
                 if start is None:
                     self._add(kind, elapsed)
                 else:  # the issuing stream waits for the collective: end there
                     self._pending.append((kind, start, self._record()))
+                return work
+            if progress is not None:
+                if len(self._works) >= MAX_TRACKED_WORKS:
+                    self._works.clear()
+                self._works[id(work)] = (seq, op)
+            if not self.timing:
                 return work
             if start is not None:
                 self._open[id(work)] = (work, kind, start)  # ended after Work.wait()

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from toolkit.config.shape import tasks_per_node
 from toolkit.distributed.env import free_port
-from toolkit.errors import USER_ERROR_EXITS
+from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root
+from toolkit.fault.hang import hang_summaries
 from toolkit.redact import redact
 
 POLL_S = 0.1
@@ -103,6 +104,7 @@ class LocalExecutor:
         logs.mkdir(parents=True, exist_ok=True)
         procs: list[subprocess.Popen] = []
         files = []
+        started = time.time()
         for rank in range(world):
             if rank == 0 and follow:
                 out, err = None, None
@@ -128,6 +130,11 @@ class LocalExecutor:
         finally:
             for f in files:
                 f.close()
+        hangs = hang_summaries(run.run_dir, since_unix=started) if failed is not None else []
+        if hangs:
+            # The node agent's watchdog ended the ranks after dumping their stacks.
+            print(hangs[-1][1]["message"], file=sys.stderr, flush=True)
+            return EXIT_HANG
         if failed is not None and code in USER_ERROR_EXITS:
             # Rank 0 said it in one line (on this terminal when followed); nothing to add.
             if not (follow and (logs / "error-rank0.txt").exists()):

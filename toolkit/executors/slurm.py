@@ -21,7 +21,7 @@ import submitit
 from submitit.core.utils import FailedJobError
 
 from toolkit.config.shape import tasks_per_node
-from toolkit.errors import USER_ERROR_EXITS
+from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root
 from toolkit.executors.slurm_jobs import (
     JobState,
@@ -31,6 +31,7 @@ from toolkit.executors.slurm_jobs import (
     unreachable_reason,
 )
 from toolkit.executors.slurm_sbatch import Submission, log_path, plan
+from toolkit.fault.hang import hang_summaries
 from toolkit.redact import redact
 
 POLL_S = 0.5
@@ -234,6 +235,10 @@ def follow_job(folder: Path, job_id: str, run_dir: Path, follow: bool) -> int:
     for t in tails:
         t.pump()
     code = state.exit_status()
+    hang = last_hang(run_dir, state.restarts) if code != 0 else None
+    if hang is not None:
+        print(hang, file=sys.stderr, flush=True)  # the watchdog ended it after the dumps
+        return EXIT_HANG
     if code == 0:
         print(f"job {job_id} COMPLETED; run dir {run_dir}", flush=True)
     elif code in USER_ERROR_EXITS:
@@ -268,6 +273,18 @@ def follow_array(folder: Path, job_ids: list[str], runs: list[PreparedRun]) -> i
         if states[job_id].exit_status():
             report_failure(folder, job_id, run.run_dir, states[job_id])
     return worst
+
+
+def last_hang(run_dir: Path, attempt: int) -> str | None:
+    """The one line of the hang that ended attempt `attempt` of the job, if one did (a hang
+    of an earlier attempt, followed by a requeue, is history)."""
+    submitted = 0.0
+    with contextlib.suppress(OSError):
+        submitted = (run_dir / "slurm.json").stat().st_mtime
+    for _, summary in reversed(hang_summaries(run_dir, since_unix=submitted)):
+        if summary.get("attempt", attempt) == attempt:
+            return str(summary["message"])
+    return None
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:

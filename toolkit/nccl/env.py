@@ -51,6 +51,9 @@ def toolkit_env(
     out["TORCH_FR_BUFFER_SIZE"] = entries
     if dump:
         out["TORCH_FR_DUMP_TEMP_FILE"] = prefix
+        # A FIFO per rank (<stem><rank>.pipe, made by PyTorch's NCCL monitor thread): writing
+        # to it dumps the flight recorder now. The hang watchdog does, before it ends a job.
+        out["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] = str(nccl_dir / "flight_recorder" / "pipe_rank_")
     if legacy_names:
         # Older PyTorch reads only these; newer warns that they are deprecated.
         out["TORCH_NCCL_TRACE_BUFFER_SIZE"] = entries

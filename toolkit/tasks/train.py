@@ -24,8 +24,10 @@ from toolkit.distributed.mesh import build_mesh, data_parallel_mesh, record_layo
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
+from toolkit.telemetry.heartbeat import Heartbeat
 from toolkit.telemetry.profiler import ProfileHook, profiling_configured
-from toolkit.telemetry.sink import build_telemetry_sinks
+from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
+from toolkit.telemetry.spec import WatchdogSpec
 from toolkit.train.console import ConsoleSink
 from toolkit.train.data import BatchPlan, Loader, open_sources
 from toolkit.train.flops import flops_per_token
@@ -40,8 +42,29 @@ def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics", env.rank)]
     if env.is_rank0:
         sinks.append(ConsoleSink(job.trainer.steps, 0, job.trainer.log_every, job.trainer.progress))
-    sinks += build_telemetry_sinks(job.telemetry, env, run_dir)  # every rank: one collective
+    # every rank: one collective
+    sinks += build_telemetry_sinks(job.telemetry, env, run_dir, watchdog_spec(job, env))
     return sinks
+
+
+def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
+    """The node agent's hang watchdog settings (None: fault.hang_watchdog=false)."""
+    if not job.fault.hang_watchdog:
+        return None
+    from toolkit.executors.preemption import slurm_job_id
+
+    return WatchdogSpec(
+        timeout_s=job.fault.hang_timeout_s,
+        startup_timeout_s=job.fault.hang_startup_timeout_s,
+        requeue=job.checkpoint.enabled and job.checkpoint.requeue,
+        max_restarts=job.checkpoint.max_restarts,
+        slurm_job_id=slurm_job_id(env.source),
+    )
+
+
+def heartbeat_of(sinks: list[Sink]) -> Heartbeat | None:
+    """This rank's heartbeat, when its telemetry sink has one (the watchdog is on)."""
+    return next((s.heartbeat for s in sinks if isinstance(s, TelemetrySink) and s.heartbeat), None)
 
 
 def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
@@ -156,7 +179,16 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
 
     optimizer = build_optimizer(model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.trainer.steps)
-    sink = Fanout(build_sinks(job, env, run_dir))
+    sinks = build_sinks(job, env, run_dir)
+    sink = Fanout(sinks)
+    heartbeat = heartbeat_of(sinks)
+    # One set of wrappers on torch.distributed: timing per kind, and/or the collective each
+    # rank is in for the hang watchdog.
+    comm = None
+    if job.telemetry.comm_timing or heartbeat is not None:
+        comm = CommTimer(
+            progress=heartbeat, timing=job.telemetry.comm_timing, cuda=device.type == "cuda"
+        ).install()
     trainer = Trainer(
         job.trainer,
         model,
@@ -170,9 +202,8 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         val_loader=val_loader,
         grad_clip=job.optim.grad_clip,
         fault=job.fault,
-        comm_timer=CommTimer(cuda=device.type == "cuda").install()
-        if job.telemetry.comm_timing
-        else None,
+        comm_timer=comm,  # timing=False: take() reports zeros, as with no timer
+        heartbeat=heartbeat,
         eval_metric=eval_metric,
     )
     trainer.hooks = build_hooks(job, env, run_dir, sink)

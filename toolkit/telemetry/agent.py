@@ -40,6 +40,7 @@ from toolkit.telemetry.sources.infiniband import InfinibandSource
 from toolkit.telemetry.sources.nvml import NvmlSource
 from toolkit.telemetry.spec import AgentSpec
 from toolkit.telemetry.transport import Receiver
+from toolkit.telemetry.watchdog import Watchdog
 
 log = logging.getLogger("toolkit.telemetry.agent")
 
@@ -108,6 +109,7 @@ class Agent:
         self.terminated_at: float | None = None
         self.messages = 0
         self.unknown_ranks: set[int] = set()
+        self.watchdog = Watchdog(spec, spec.watchdog) if spec.watchdog is not None else None
         directory = telemetry_dir(Path(spec.run_dir))
         self.path, self.attempt = free_file(directory, spec.node, spec.attempt)
         specs: list[TableSpec] = []
@@ -181,6 +183,8 @@ class Agent:
                 if now >= next_flush or first_term:
                     self.flush(now)
                     next_flush = now + self.cfg.flush_interval_s
+                if self.stop_reason is None:
+                    self.watch(now)
                 self.check_stop(now)
         finally:
             self.close()
@@ -215,6 +219,37 @@ class Agent:
             },
         )
 
+    def watch(self, now: float) -> None:
+        """The hang watchdog's turn; after a hang, flush what the ranks sent and stop."""
+        if self.watchdog is None:
+            return
+        stop = self.watchdog.poll(now)
+        if stop is None:
+            return
+        summary = self.watchdog.summary
+        if summary is not None:
+            self.write_event(
+                {
+                    "name": "hang",
+                    "start": summary["time_unix"] - summary["stuck_for_s"],
+                    "end": summary["time_unix"],
+                    "step": summary["step"],
+                    "rank": -1,
+                    "attrs": {
+                        k: summary[k]
+                        for k in (
+                            "stuck_ranks",
+                            "stuck_hosts",
+                            "collective",
+                            "stuck_for_s",
+                            "message",
+                            "action",
+                        )
+                    },
+                }
+            )
+        self.stop_reason = stop
+
     def handle(self, messages: list[dict[str, Any]]) -> None:
         for m in messages:
             self.messages += 1
@@ -222,10 +257,14 @@ class Agent:
                 kind = m.pop("kind")
                 if kind == "step":
                     self.write_step(m)
+                    if self.watchdog is not None:
+                        self.watchdog.note_step(m.get("step_time_s", 0.0))
                 elif kind == "event":
                     self.write_event(m)
                 elif kind == "goodbye":
                     self.goodbyes.add(int(m["rank"]))
+                    if self.watchdog is not None:
+                        self.watchdog.note_goodbye(int(m["rank"]))
                     if m.get("owner"):
                         self.goodbye_deadline = time.time() + GOODBYE_GRACE_S
             except Exception:  # noqa: BLE001 - a malformed message is skipped

@@ -19,8 +19,9 @@ from typing import Any
 from toolkit.config.telemetry import TelemetryConfig
 from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.events import Event, StepRecord
+from toolkit.telemetry.heartbeat import Heartbeat, heartbeat_path
 from toolkit.telemetry.schema import node_name
-from toolkit.telemetry.spec import AgentSpec
+from toolkit.telemetry.spec import AgentSpec, WatchdogSpec
 from toolkit.telemetry.transport import Sender, socket_path
 
 log = logging.getLogger(__name__)
@@ -50,11 +51,13 @@ class TelemetrySink:
         rank: int,
         path: str,
         agent: subprocess.Popen | None = None,
+        heartbeat: Heartbeat | None = None,
     ):
         self.cfg = cfg
         self.rank = rank
         self.sender = Sender(path, cfg.max_pending)
         self.agent = agent
+        self.heartbeat = heartbeat  # read by the agent's hang watchdog
 
     def write_step(self, record: StepRecord) -> None:
         self.sender.send({"kind": "step", **dataclasses.asdict(record)})
@@ -63,6 +66,8 @@ class TelemetrySink:
         self.sender.send({"kind": "event", **dataclasses.asdict(event)})
 
     def close(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.close()  # this rank is done: no longer watched
         try:
             if not self.sender.flush(self.cfg.close_timeout_s):
                 log.warning(
@@ -119,8 +124,12 @@ def start_agent(spec: AgentSpec, run_dir: Path, node: str) -> subprocess.Popen:
     return proc
 
 
-def build_telemetry_sinks(cfg: TelemetryConfig, env: DistEnv, run_dir: Path) -> list[Any]:
-    """The telemetry sink of this rank ([] when telemetry is off). Call on every rank."""
+def build_telemetry_sinks(
+    cfg: TelemetryConfig, env: DistEnv, run_dir: Path, watchdog: WatchdogSpec | None = None
+) -> list[Any]:
+    """The telemetry sink of this rank ([] when telemetry is off). Call on every rank.
+    With `watchdog`, the node agent watches this rank's heartbeat (`sink.heartbeat`) for
+    hangs."""
     if not cfg.enabled:
         return []
     try:
@@ -130,6 +139,9 @@ def build_telemetry_sinks(cfg: TelemetryConfig, env: DistEnv, run_dir: Path) -> 
         restart = restart_count()
         path = socket_path(run_dir, node, env.job_id, restart)
         agent = None
+        heartbeat = None
+        if watchdog is not None:  # before the agent starts: it reads it from its first poll
+            heartbeat = Heartbeat(heartbeat_path(path, env.rank))
         if env.rank == min(ranks):
             from toolkit.runinfo import torch_versions
 
@@ -147,9 +159,10 @@ def build_telemetry_sinks(cfg: TelemetryConfig, env: DistEnv, run_dir: Path) -> 
                 config=cfg,
                 versions=torch_versions(),
                 nccl_env={k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+                watchdog=watchdog,
             )
             agent = start_agent(spec, run_dir, node)
-        return [TelemetrySink(cfg, env.rank, path, agent)]
+        return [TelemetrySink(cfg, env.rank, path, agent, heartbeat)]
     except Exception:  # noqa: BLE001 - no telemetry is better than no training
         log.exception("telemetry: could not start on rank %d; continuing without it", env.rank)
         return []

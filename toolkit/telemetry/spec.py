@@ -16,6 +16,17 @@ from toolkit.config.telemetry import TelemetryConfig
 
 
 @dataclass
+class WatchdogSpec:
+    """The hang watchdog's settings (fault.hang_*; requeue from checkpoint.*)."""
+
+    timeout_s: float | None = None  # None: max(300 s, 10 x median step time)
+    startup_timeout_s: float = 1800.0
+    requeue: bool = False  # requeue the Slurm job after a hang (checkpoint.requeue)
+    max_restarts: int = 0  # checkpoint.max_restarts
+    slurm_job_id: str | None = None  # the job to requeue; None: not under Slurm
+
+
+@dataclass
 class AgentSpec:
     run_dir: str
     node: str
@@ -30,6 +41,7 @@ class AgentSpec:
     config: TelemetryConfig
     versions: dict[str, Any] = field(default_factory=dict)
     nccl_env: dict[str, str] = field(default_factory=dict)
+    watchdog: WatchdogSpec | None = None  # None: no hang watchdog
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -42,6 +54,13 @@ class AgentSpec:
         if unknown:
             raise ValueError(f"agent spec: unknown fields {unknown}")
         try:
-            return cls(**{**raw, "config": TelemetryConfig(**raw["config"])})
+            watchdog = raw.get("watchdog")
+            return cls(
+                **{
+                    **raw,
+                    "config": TelemetryConfig(**raw["config"]),
+                    "watchdog": WatchdogSpec(**watchdog) if watchdog is not None else None,
+                }
+            )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"agent spec: {exc}") from None

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,7 @@ from toolkit.config.fault import FaultConfig
 from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
 from toolkit.distributed.commtime import CommTimer
+from toolkit.distributed.env import restart_count
 from toolkit.distributed.fsdp import clip_grad_norm_
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
@@ -47,6 +48,19 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
+class Heartbeat(Protocol):
+    """toolkit.telemetry.heartbeat.Heartbeat: the loop reports its phase boundaries."""
+
+    def beat(self, phase: str, step: int) -> None: ...
+
+
+def hang_forever(where: str, step: int, rank: int) -> None:
+    """Injected hang (fault.hang_at_step): block this thread for good, like a deadlock."""
+    log.warning("rank %d hangs %s after step %d (fault.hang_at_step)", rank, where, step)
+    while True:
+        time.sleep(1.0)
+
+
 class Trainer:
     def __init__(
         self,
@@ -65,6 +79,7 @@ class Trainer:
         grad_clip: float = 1.0,
         fault: FaultConfig | None = None,
         comm_timer: CommTimer | None = None,
+        heartbeat: Heartbeat | None = None,
         eval_metric: Callable[[torch.Tensor, torch.Tensor], tuple[float, int]] | None = None,
     ):
         self.cfg = cfg
@@ -81,6 +96,16 @@ class Trainer:
         self.grad_clip = grad_clip
         self.fault = fault or FaultConfig()
         self.comm_timer = comm_timer
+        self.heartbeat = heartbeat  # progress for the node agent's hang watchdog
+        # Injected hang: in the job's first attempt only, so that a requeued job resumes
+        # past it (Slurm's restart count; always 0 locally).
+        self._hang_where = (
+            self.fault.hang_where
+            if self.fault.hang_at_step is not None
+            and self.fault.hang_rank == dist.get_rank()
+            and restart_count() == 0
+            else None
+        )
         self.phases: dict[str, float] = {}
         self.eval_metric = eval_metric  # (predictions, targets) -> (sum, count), e.g. rank IC
         self.val_metrics: dict[str, float] = {}
@@ -204,6 +229,8 @@ class Trainer:
         exposed_so_far = self.comm_timer.exposed_s if self.comm_timer is not None else 0.0
         # One all-reduce carries the loss and every stop vote; .tolist() syncs the device.
         votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
+        if self._hang_where == "collective" and self.state.step == self.fault.hang_at_step:
+            hang_forever("before the step's all-reduce", self.state.step, self.rank)
         summed = torch.cat([loss_sum.view(1), torch.tensor(votes, device=self.device)])
         dist.all_reduce(summed, op=dist.ReduceOp.SUM)
         values = summed.tolist()
@@ -271,11 +298,15 @@ class Trainer:
         self.model.train()
         try:
             while stop is None and self.state.step < self.cfg.steps:
+                self._beat("data")
                 t_wait = time.perf_counter()
                 data_step, micro_batches = next(self.loader)
                 if self.fault.data_delay_s:
                     time.sleep(self.fault.data_delay_s)  # injected slow loader
                 data_wait = time.perf_counter() - t_wait
+                self._beat("step")
+                if self._hang_where == "outside" and self.state.step == self.fault.hang_at_step:
+                    hang_forever("outside collectives", self.state.step, self.rank)
                 if data_step != self.state.step:
                     raise RuntimeError(
                         f"data loader at step {data_step}, trainer at {self.state.step}"
@@ -315,10 +346,12 @@ class Trainer:
                 self.losses.append(loss)
                 self.records.append(record)
                 self.sink.write_step(record)
+                self._beat("hooks")
                 for hook, share in zip(self.hooks, split_votes(self.hooks, votes[1:]), strict=True):
                     stop = hook.after_step(self, record, share) or stop
                 stopped_by_hook = stop is not None
                 if stop is None and self._should_eval():
+                    self._beat("eval")
                     val_loss = self._eval_event()
                     target = self.cfg.target_val_loss
                     if target is not None and val_loss is not None and val_loss <= target:
@@ -326,17 +359,26 @@ class Trainer:
                 if stop is None and votes[0] > 0:
                     stop = Stop("time budget reached")
             stop = stop or Stop("completed")
+            self._beat("hooks")
             for hook in self.hooks:  # e.g. the final checkpoint starts here
                 stop = hook.on_stop(self, stop) or stop
             # A hook stop (preemption) must exit within the signal's lead time: no final eval.
             if not stopped_by_hook and (stop.reason == "completed" or val_loss is None):
                 val_loss = self._eval_event() if self.val_loader is not None else None
         finally:
+            self._beat("hooks")  # on_end may wait for the last background save
             self.stop = stop
             self.loader.close()
             for hook in self.hooks:
                 hook.on_end(self)
+        self._beat("end")
         return self.summary(time.time() - self._started, val_loss)
+
+    def _beat(self, phase: str) -> None:
+        """Progress for the watchdog; before the first step of this run completes, every
+        phase counts as startup (compilation, first allocations, the checkpoint load)."""
+        if self.heartbeat is not None:
+            self.heartbeat.beat(phase if self.records else "startup", self.state.step)
 
     def _should_eval(self) -> bool:
         every = self.cfg.eval_every

@@ -20,6 +20,7 @@ from toolkit.telemetry.report.gpustats import GpuStats
 from toolkit.telemetry.report.model import MEASURED_OF_TERM
 from toolkit.telemetry.schema import XID
 
+HANG = "hang"  # the event the node agent writes when its watchdog ends a hung job
 COMM_FIELDS = ("comm_all_gather_s", "comm_reduce_scatter_s", "comm_all_reduce_s", "comm_p2p_s")
 # A finding is reported when it cost at least this share of the ranks' time.
 MIN_SHARE = {"data": 0.05, "checkpoint": 0.02, "communication": 0.15}
@@ -259,6 +260,20 @@ def diagnose(
                     f"check cooling and power capping on {g.node}; exclude it if it persists",
                 )
             )
+    for e in (e for e in events if e["name"] == HANG):  # the agent's watchdog (watchdog.py)
+        attrs = e["attrs"]
+        lost = float(attrs.get("stuck_for_s", 0.0)) * max(len(series), 1)
+        hosts = ",".join(attrs.get("stuck_hosts") or []) or "?"
+        findings.append(
+            Finding(
+                "hang",
+                lost,
+                min(1.0, lost / total),
+                str(attrs.get("message", "hang")),
+                f"read the stacks of ranks {attrs.get('stuck_ranks')} in the hang directory; "
+                f"if {hosts} is at fault, exclude it (cluster.exclude={hosts})",
+            )
+        )
     xids = [e for e in events if e["name"] == XID]
     for node in sorted({e["node"] for e in xids}):
         codes = sorted({str(e["attrs"].get("xid")) for e in xids if e["node"] == node})

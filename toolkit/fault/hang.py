@@ -1,0 +1,203 @@
+"""A hang's evidence on disk: RUN_DIR/hangs/<UTC time>/summary.json and the stack dumps.
+
+One module writes and reads the summary (the node agent's watchdog writes it, the
+launcher, the report and the requeue decision read it), and owns the stack-dump signal
+that every rank installs at start:
+
+    RUN_DIR/hangs/<20261201T031500Z>/summary.json     who is stuck, where, for how long
+    RUN_DIR/hangs/<20261201T031500Z>/stacks-rank<k>.txt  every thread's Python stack
+    RUN_DIR/hangs/<20261201T031500Z>/node-<host>.json  what each node's agent saw
+
+`diagnose` is the pure part: from every rank's last heartbeat (step, the collective it last
+entered, the collective it is blocked in), the ranks that did not reach the collective the
+others wait in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import IO, Any
+
+# The signal that makes a rank write its stacks (faulthandler, installed at start in every
+# rank). Not SIGUSR1/SIGUSR2/SIGTERM/SIGINT (cluster.signal and preemption, Slurm's
+# --signal, submitit's handlers), not SIGABRT/SIGSEGV/SIGBUS (crashes: faulthandler's own
+# fatal handler, NCCL's async error handling aborts), not SIGCHLD/SIGALRM/SIGPIPE (the
+# runtime uses them), not SIGPWR (Boehm GC and some init systems). glibc reserves the
+# first real-time signals for its threads; Python's signal.SIGRTMIN is the first free one,
+# and neither NCCL, CUDA, gloo, submitit nor Slurm use SIGRTMIN+6. Its default action
+# (terminate) never applies: the handler is installed before the agent can send it.
+DUMP_SIGNAL = signal.SIGRTMIN + 6
+
+SUMMARY = "summary.json"
+REQUIRED_KEYS = (
+    "stuck_ranks",
+    "stuck_hosts",
+    "waiting_ranks",
+    "collective",
+    "stuck_for_s",
+    "step",
+    "message",
+    "hosts_by_rank",
+)
+
+
+def hangs_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "hangs"
+
+
+def new_hang_dir(run_dir: Path, now_unix: float | None = None) -> Path:
+    """RUN_DIR/hangs/<UTC time>/, created 0700 (a second hang in the same second: -2, -3...)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_unix or time.time()))
+    base = hangs_dir(run_dir)
+    base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for i in range(1, 100):
+        path = base / (stamp if i == 1 else f"{stamp}-{i}")
+        try:
+            path.mkdir(mode=0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{base}/{stamp}: too many hangs in one second")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `text` to `path`, readable only by this user (0600), atomically."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_hang_summary(directory: Path, summary: dict[str, Any]) -> Path:
+    missing = [k for k in REQUIRED_KEYS if k not in summary]
+    if missing:
+        raise ValueError(f"hang summary: missing {missing}")
+    path = Path(directory) / SUMMARY
+    write_private(path, json.dumps(summary, indent=2, sort_keys=True))
+    return path
+
+
+def read_hang_summary(path: Path) -> dict[str, Any]:
+    """A hang summary (the file, or its hang directory); ValueError when it is not one."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SUMMARY
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"hang summary {path}: {exc}") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"hang summary {path}: not a JSON object")
+    missing = [k for k in REQUIRED_KEYS if k not in summary]
+    if missing:
+        raise ValueError(f"hang summary {path}: missing {missing}")
+    return summary
+
+
+def hang_summaries(run_dir: Path, since_unix: float = 0.0) -> list[tuple[Path, dict[str, Any]]]:
+    """Every readable hang summary of the run written at or after `since_unix`, oldest first."""
+    found = []
+    for path in sorted(hangs_dir(run_dir).glob(f"*/{SUMMARY}")):
+        try:
+            if path.stat().st_mtime + 1.0 < since_unix:  # 1 s: coarse file-system clocks
+                continue
+            found.append((path, read_hang_summary(path)))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+# -- the rank side: stacks on a signal -----------------------------------------------------
+def pending_stack_file(run_dir: Path, rank: int, pid: int) -> Path:
+    """Where rank `rank` (process `pid`) writes its stacks on DUMP_SIGNAL; the agent moves
+    the text into the hang directory."""
+    return hangs_dir(run_dir) / ".stacks" / f"rank{rank}.{pid}.txt"
+
+
+_dump_file: IO[str] | None = None
+_dump_path: Path | None = None
+
+
+def install_stack_dump(run_dir: Path, rank: int) -> Path | None:
+    """Every thread's stack into pending_stack_file(...) on DUMP_SIGNAL (async-signal-safe:
+    faulthandler writes from C, so a rank blocked in a collective or a sleep still dumps).
+    Best effort: None when it cannot be installed."""
+    global _dump_file, _dump_path
+    path = pending_stack_file(run_dir, rank, os.getpid())
+    try:
+        hangs_dir(run_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.parent.mkdir(exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        _dump_file = os.fdopen(fd, "w")
+        faulthandler.register(DUMP_SIGNAL, file=_dump_file, all_threads=True, chain=False)
+        _dump_path = path
+    except (OSError, RuntimeError, ValueError):
+        return None
+    return path
+
+
+def remove_stack_dump() -> None:
+    """At a clean exit: unregister and remove the pending file when nothing was dumped."""
+    global _dump_file, _dump_path
+    if _dump_file is None:
+        return
+    with contextlib.suppress(Exception):
+        faulthandler.unregister(DUMP_SIGNAL)
+        _dump_file.close()
+        if _dump_path is not None and _dump_path.stat().st_size == 0:
+            _dump_path.unlink()
+    _dump_file = _dump_path = None
+
+
+# -- the pure part ------------------------------------------------------------------------
+def diagnose(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stuck and waiting ranks from every rank's last heartbeat.
+
+    Each entry: rank, host, step, entered_seq, entered_op, blocked_seq (0: not blocked in a
+    collective), blocked_op, idle_s (seconds without progress). The collective the others
+    wait in is the earliest one a rank is blocked in; the ranks that never entered it are
+    stuck. When every blocked rank has entered it too (a rank stuck inside it while others
+    passed, or nobody blocked), the ranks idle longest are named."""
+    blocked = [r for r in ranks if r["blocked_seq"] > 0]
+    collective = None
+    waiting: list[int] = []
+    stuck: list[dict[str, Any]] = []
+    if blocked:
+        first = min(blocked, key=lambda r: r["blocked_seq"])
+        seq, op = first["blocked_seq"], first["blocked_op"]
+        collective = {"op": op, "seq": seq}
+        waiting = sorted(r["rank"] for r in blocked if r["blocked_seq"] == seq)
+        stuck = [r for r in ranks if r["entered_seq"] < seq]
+    if not stuck:
+        longest = max((r["idle_s"] for r in ranks), default=0.0)
+        stuck = [r for r in ranks if r["idle_s"] >= longest - 1.0 and r["rank"] not in waiting]
+        stuck = stuck or [r for r in ranks if r["idle_s"] >= longest - 1.0]
+    stuck_ranks = sorted(r["rank"] for r in stuck)
+    return {
+        "stuck_ranks": stuck_ranks,
+        "stuck_hosts": sorted({r["host"] for r in stuck}),
+        "waiting_ranks": [r for r in waiting if r not in stuck_ranks],
+        "collective": collective,
+        "stuck_for_s": round(max((r["idle_s"] for r in stuck), default=0.0), 1),
+        "step": min((r["step"] for r in stuck), default=-1),
+        "hosts_by_rank": {str(r["rank"]): r["host"] for r in ranks},
+    }
+
+
+def one_line(summary: dict[str, Any], directory: Path) -> str:
+    """`hang: ranks 5,13 on node n2 stuck in all_gather #8812 for 612 s; dumps in DIR`."""
+    ranks = summary["stuck_ranks"]
+    hosts = summary["stuck_hosts"]
+    who = f"rank{'s' if len(ranks) != 1 else ''} {','.join(map(str, ranks)) or '?'}"
+    where = f"node{'s' if len(hosts) != 1 else ''} {','.join(hosts) or '?'}"
+    c = summary["collective"]
+    # "stuck in X #n": the collective the others wait in, which these ranks did not reach
+    what = f"in {c['op']} #{c['seq']}" if c else f"outside collectives at step {summary['step']}"
+    return f"hang: {who} on {where} stuck {what} for {summary['stuck_for_s']:.0f} s; dumps in {directory}"
