@@ -55,14 +55,26 @@ def local_param_bytes(model: nn.Module) -> int:
 def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Global grad norm over sharded (DTensor) gradients, clipping when max_norm > 0.
 
-    The norm of sharded grads is a DTensor with a pending reduction; full_tensor() performs
-    that one all-reduce, so every rank sees the same global norm."""
+    Gradients are grouped by the mesh they live on (FSDP's dp mesh, a 2D (dp, tp) mesh, or
+    none for plain tensors): within a group the norm of sharded grads is a DTensor with a
+    pending reduction, and full_tensor() performs it (one all-reduce per group), so every
+    rank sees the same global norm. Groups combine as the root of summed squares, so
+    parameters on different meshes never meet in one DTensor op."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if hasattr(total, "full_tensor"):
-        total = total.full_tensor()
+    groups: dict[object, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(getattr(g, "device_mesh", None), []).append(g)
+    if not groups:
+        return torch.zeros(())
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
+        norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if len(norms) == 1:
+        total = norms[0]
+    else:  # several meshes: root of the summed squares (fp32)
+        total = torch.stack([n.float() ** 2 for n in norms]).sum().sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(
-            [p for p in model.parameters() if p.grad is not None], max_norm, total, foreach=True
-        )
+        for group in groups.values():  # one foreach call per mesh
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total
