@@ -60,15 +60,16 @@ def clip_grad_norm_(model: nn.Module, max_norm: float) -> torch.Tensor:
     pending reduction, and full_tensor() performs it (one all-reduce per group), so every
     rank sees the same global norm. Groups combine as the root of summed squares, so
     parameters on different meshes never meet in one DTensor op."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    groups: dict[object, list[torch.Tensor]] = {}
-    for g in grads:
-        groups.setdefault(getattr(g, "device_mesh", None), []).append(g)
+    groups: dict[object, list[torch.Tensor]] = {}  # mesh (None: plain) -> parameters
+    for p in model.parameters():
+        if p.grad is not None:
+            groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
     if not groups:
         return torch.zeros(())
     norms = []
     for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group, norm_type=2.0, foreach=True)
+        grads = [p.grad for p in group]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
         norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if len(norms) == 1:
         total = norms[0]
