@@ -85,7 +85,7 @@ def test_a_layout_trains_the_same_model_as_one_rank(runs, layout) -> None:
     assert one[STEPS]["loss"] < one[1]["loss"] - 0.3, "the model must learn"
 
 
-@pytest.mark.parametrize("layout", ["tp2", "dp2tp2"])
+@pytest.mark.parametrize("layout", ["tp2", pytest.param("dp2tp2", marks=pytest.mark.slow)])
 def test_a_layout_run_twice_gives_bitwise_the_same_losses(runs, layout) -> None:
     # dp2tp2's first run checkpoints, its second does not: saving does not perturb training.
     again = runs.get(f"{layout}-again", *LAYOUTS[layout])
@@ -129,6 +129,21 @@ def test_a_2d_checkpoint_resumes_under_another_layout(runs, name, overrides) -> 
     events = (runs.done[f"resume-{name}"] / "metrics" / "events-rank0.jsonl").read_text()
     restart = next(e for e in map(json.loads, events.splitlines()) if e["name"] == "restart")
     assert "parallel.tp: 2 -> 1" in restart["attrs"]["config_changed"]  # allowed, recorded
+
+
+def test_bf16_and_activation_checkpointing_train_under_tp(runs) -> None:
+    bf16 = records(
+        runs.get(
+            "tp2-bf16-ac",
+            *LAYOUTS["tp2"],
+            "precision=bf16",
+            "parallel.activation_checkpointing=true",
+        )
+    )
+    fp32 = records(runs.layout("tp2"))
+    assert sorted(bf16) == list(range(1, STEPS + 1))
+    for step in (1, STEPS):  # bf16 parameters and activations: the same curve, coarser
+        assert bf16[step]["loss"] == pytest.approx(fp32[step]["loss"], rel=2e-2)
 
 
 def job(*overrides: str):
