@@ -40,6 +40,14 @@ LAYOUTS = {  # name -> overrides
     "tp2": ["cluster.tasks_per_node=2", "parallel.tp=2"],
     "dp4": ["cluster.tasks_per_node=4"],
     "dp2tp2": ["cluster.tasks_per_node=4", "parallel.tp=2"],
+    # HSDP x TP (every parameter a 3-D DTensor) with gradient accumulation
+    "hsdp2tp2-accum2": [
+        "cluster.tasks_per_node=4",
+        "parallel.tp=2",
+        "parallel.dp_replicate=2",
+        "parallel.dp_shard=1",
+        "trainer.grad_accum=2",
+    ],
 }
 CKPT = ["checkpoint.enabled=true", f"checkpoint.interval_steps={RESUME_AT}"]
 
@@ -66,7 +74,7 @@ class Runs:
         return self.done[name]
 
     def layout(self, name: str) -> Path:
-        extra = CKPT if name == "dp2tp2" else []  # the source of the resume tests
+        extra = CKPT if name in ("dp2tp2", "dp4") else []  # the sources of the resume tests
         return self.get(name, *LAYOUTS[name], *extra)
 
 
@@ -75,7 +83,10 @@ def runs(tmp_path_factory) -> Runs:
     return Runs(tmp_path_factory.mktemp("tp"))
 
 
-@pytest.mark.parametrize("layout", ["tp2", "dp4", "dp2tp2"])
+@pytest.mark.parametrize(
+    "layout",
+    ["tp2", "dp4", "dp2tp2", pytest.param("hsdp2tp2-accum2", marks=pytest.mark.slow)],
+)
 def test_a_layout_trains_the_same_model_as_one_rank(runs, layout) -> None:
     one, other = records(runs.layout("one")), records(runs.layout(layout))
     assert sorted(other) == sorted(one) == list(range(1, STEPS + 1))
@@ -129,6 +140,22 @@ def test_a_2d_checkpoint_resumes_under_another_layout(runs, name, overrides) -> 
     events = (runs.done[f"resume-{name}"] / "metrics" / "events-rank0.jsonl").read_text()
     restart = next(e for e in map(json.loads, events.splitlines()) if e["name"] == "restart")
     assert "parallel.tp: 2 -> 1" in restart["attrs"]["config_changed"]  # allowed, recorded
+
+
+def test_a_checkpoint_without_tp_resumes_under_tp(runs) -> None:
+    source = runs.layout("dp4") / "checkpoints" / f"step-{RESUME_AT:08d}"
+    resumed = records(
+        runs.get(
+            "dp4-to-tp2",
+            *LAYOUTS["tp2"],
+            "checkpoint.enabled=true",
+            f"checkpoint.resume_from={source}",
+        )
+    )
+    reference = records(runs.layout("dp4"))
+    assert sorted(resumed) == list(range(RESUME_AT + 1, STEPS + 1))
+    for step, record in resumed.items():
+        assert record["loss"] == pytest.approx(reference[step]["loss"], rel=RTOL), step
 
 
 def test_bf16_and_activation_checkpointing_train_under_tp(runs) -> None:
