@@ -13,11 +13,12 @@ missing reduction) shows up as 1e-2 or more from the first step.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import launch
+from tests.conftest import REPO, launch, run_module
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import validate
@@ -50,6 +51,10 @@ LAYOUTS = {  # name -> overrides
     ],
 }
 CKPT = ["checkpoint.enabled=true", f"checkpoint.interval_steps={RESUME_AT}"]
+
+
+def launch_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO))
 
 
 def records(run_dir: Path) -> dict[int, dict]:
@@ -112,6 +117,11 @@ def test_the_run_records_its_layout_and_shards_over_both_dims(runs) -> None:
     mesh = json.loads((run_dir / "mesh.json").read_text())
     assert [g["ranks"] for g in mesh["groups"]["tp"]] == [[0, 1], [2, 3]]
     assert mesh["warnings"] == []
+    report = run_module("toolkit.telemetry", "report", str(run_dir), env=launch_env(), timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "Layout: dp_shard=2 x tp=2" in report.stdout
+    report_json = json.loads((run_dir / "telemetry" / "report" / "summary.json").read_text())
+    assert report_json["layout"]["degrees"] == summary["layout"]
     shard = json.loads((run_dir / "metrics" / "rank3-model.json").read_text())
     # every parameter is split over the 4 ranks (2D), except LayerNorm weights (dp only)
     assert shard["param_bytes_local"] < 0.3 * shard["param_bytes_total"]
