@@ -41,14 +41,17 @@ SUPPORTED_KINDS = ("gpt",)
 def block_plan() -> dict[str, object]:
     """The plan for one toolkit.train.models.blocks.Block: its input and output are
     sequence-sharded local tensors [batch, seq / tp, dim]."""
-    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+    def gather() -> PrepareModuleInput:  # a sublayer's input: all-gather the sequence
+        return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
     return {
         "norm1": SequenceParallel(),
-        "attn": gather,
-        "attn.qkv_heads": ColwiseParallel(),
-        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+        "attn": gather(),
+        "attn.qkv_heads": ColwiseParallel(),  # whole heads per rank (head-major rows)
+        "attn.proj": RowwiseParallel(output_layouts=Shard(1)),  # reduce-scatter
         "norm2": SequenceParallel(),
-        "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "mlp": gather(),
         "mlp.fc": ColwiseParallel(),
         "mlp.proj": RowwiseParallel(output_layouts=Shard(1)),
     }
