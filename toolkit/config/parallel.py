@@ -141,7 +141,11 @@ def pipeline_stages(par: ParallelConfig) -> int:
 
 
 def problems(
-    par: ParallelConfig, world: int, model: ModelConfig | None = None, grad_accum: int = 1
+    par: ParallelConfig,
+    world: int,
+    model: ModelConfig | None = None,
+    grad_accum: int = 1,
+    seq_len: int | None = None,
 ) -> list[str]:
     """Problems with the parallel layout for a job of `world` ranks, one line each."""
     shape = mesh_shape(par, world)
@@ -170,6 +174,11 @@ def problems(
         )
     if model is not None:
         p += _model_problems(par, shape, model)
+    if seq_len is not None and shape.tp > 1 and seq_len % shape.tp:
+        p.append(
+            f"parallel.tp={shape.tp} does not divide data.seq_len={seq_len}: sequence "
+            "parallelism gives each tensor-parallel rank an equal share of the tokens"
+        )
     return p
 
 
@@ -177,6 +186,18 @@ def _model_problems(par: ParallelConfig, shape: MeshShape, model: ModelConfig) -
     p = []
     hidden = int(model.dim * model.mlp_ratio)
     if shape.tp > 1:
+        if model.kind != "gpt":
+            p.append(
+                f"parallel.tp={shape.tp}: tensor parallelism is implemented for model.kind=gpt, "
+                f"not {model.kind}; use parallel.tp=1"
+            )
+        for name in ("vocab_size", "max_seq_len"):  # rows of the row-wise split embeddings
+            value = getattr(model, name)
+            if model.kind == "gpt" and value % shape.tp:
+                p.append(
+                    f"parallel.tp={shape.tp} does not divide model.{name}={value} "
+                    "(its embedding is split evenly over the tensor-parallel ranks)"
+                )
         if model.num_heads % shape.tp:
             p.append(
                 f"parallel.tp={shape.tp} does not divide model.num_heads={model.num_heads}: "

@@ -54,7 +54,9 @@ def problems(job: JobConfig, runtime_checks: Sequence[RuntimeCheck] = ()) -> lis
         mesh = parallel.mesh_shape(job.parallel, world)
         # The batch is split over the data-parallel ranks only (tp and pp peers share theirs).
         found += trainer.problems(job.trainer, mesh.dp if not isinstance(mesh, str) else world)
-        found += parallel.problems(job.parallel, world, job.model, job.trainer.grad_accum)
+        found += parallel.problems(
+            job.parallel, world, job.model, job.trainer.grad_accum, job.data.seq_len
+        )
         found += collectives.problems(job.collectives, world)
         for check in runtime_checks:
             found += check(job, world)

@@ -60,17 +60,32 @@ def clip_grad_norm_(
 ) -> torch.Tensor:
     """Global grad norm over sharded (DTensor) gradients, clipping when max_norm > 0.
 
-    The norm of sharded grads is a DTensor with a pending reduction; full_tensor() performs
-    that one all-reduce (a functional collective, which the timer's wrappers of
-    torch.distributed do not see: it is timed here as all-reduce), so every rank sees the
-    same global norm."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if hasattr(total, "full_tensor"):
-        with timer.span("all_reduce") if timer is not None else contextlib.nullcontext():
-            total = total.full_tensor()
+    Gradients are grouped by the mesh they live on (FSDP's dp mesh, a 2D (dp, tp) mesh, or
+    none for plain tensors): within a group the norm of sharded grads is a DTensor with a
+    pending reduction, and full_tensor() performs it (one all-reduce per group), so every
+    rank sees the same global norm. Groups combine as the root of summed squares, so
+    parameters on different meshes never meet in one DTensor op. full_tensor() is a
+    functional collective, which the timer's wrappers of torch.distributed do not see: it is
+    timed here as all-reduce."""
+    groups: dict[object, list[torch.Tensor]] = {}  # mesh (None: plain) -> parameters
+    for p in model.parameters():
+        if p.grad is not None:
+            groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    if not groups:
+        return torch.zeros(())
+    norms = []
+    for group in groups.values():
+        grads = [p.grad for p in group]
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+        if hasattr(norm, "full_tensor"):
+            with timer.span("all_reduce") if timer is not None else contextlib.nullcontext():
+                norm = norm.full_tensor()
+        norms.append(norm)
+    if len(norms) == 1:
+        total = norms[0]
+    else:  # several meshes: root of the summed squares (fp32)
+        total = torch.stack([n.float() ** 2 for n in norms]).sum().sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(
-            [p for p in model.parameters() if p.grad is not None], max_norm, total, foreach=True
-        )
+        for group in groups.values():  # one foreach call per mesh
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total

@@ -21,6 +21,7 @@ from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import local_param_bytes, parallelize
 from toolkit.distributed.mesh import build_mesh, data_parallel_mesh, record_layout
+from toolkit.distributed.tensor_parallel import apply_tensor_parallel, loss_context
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
@@ -153,10 +154,12 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     shape = mesh_shape(job.parallel, dist.get_world_size())
     if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
         raise ValueError(shape)
-    if shape.tp > 1 or shape.pp > 1:
-        raise NotImplementedError(f"{shape.describe()}: tensor and pipeline parallelism land next")
+    if shape.pp > 1:
+        raise NotImplementedError(f"{shape.describe()}: pipeline parallelism lands next")
     mesh = build_mesh(shape, device.type)
     record_layout(shape, device, run_dir / "mesh.json")
+    if shape.tp > 1:  # first tensor parallelism, then FSDP2 over the data-parallel dims (2D)
+        model = apply_tensor_parallel(model, mesh["tp"], job.model.kind)
     model = parallelize(model, data_parallel_mesh(mesh, shape), job.parallel, job.precision)
     if job.parallel.meta_init:
         model.to_empty(device=device)
@@ -205,7 +208,9 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         comm_timer=comm,  # timing=False: take() reports zeros, as with no timer
         heartbeat=heartbeat,
         eval_metric=eval_metric,
+        loss_context=loss_context(shape.tp),
     )
+    trainer.layout = shape.degrees()
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer
 

@@ -8,12 +8,14 @@ own stop vote (time budget) and every hook's votes, summed together.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import resource
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -81,6 +83,7 @@ class Trainer:
         comm_timer: CommTimer | None = None,
         heartbeat: Heartbeat | None = None,
         eval_metric: Callable[[torch.Tensor, torch.Tensor], tuple[float, int]] | None = None,
+        loss_context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
     ):
         self.cfg = cfg
         self.model = model
@@ -109,6 +112,9 @@ class Trainer:
         self.phases: dict[str, float] = {}
         self.eval_metric = eval_metric  # (predictions, targets) -> (sum, count), e.g. rank IC
         self.val_metrics: dict[str, float] = {}
+        # Around every forward/backward: loss_parallel() under tensor parallelism.
+        self.loss_context = loss_context
+        self.layout: dict[str, int] = {}  # mesh degrees, set by the composition root
         self.rank = dist.get_rank()
         self._straggler_sleep_s = (
             self.fault.straggler_sleep_s if self.fault.straggler_rank == self.rank else 0.0
@@ -213,8 +219,9 @@ class Trainer:
                 self.model.set_requires_gradient_sync(last)
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
-            loss = self.model(inputs, targets) / accum
-            loss.backward()
+            with self.loss_context():
+                loss = self.model(inputs, targets) / accum
+                loss.backward()
             loss_sum += loss.detach()
         t1 = time.perf_counter()
         grad_norm = clip_grad_norm_(self.model, self.grad_clip, self.comm_timer)
@@ -275,7 +282,8 @@ class Trainer:
         for i in range(self.cfg.eval_batches):
             for inputs, targets in self.val_loader.batch(i):
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
-                total[0] += self.model(inputs, targets).double()
+                with self.loss_context():
+                    total[0] += self.model(inputs, targets).double()
                 if self.eval_metric is not None:
                     metric, count = self.eval_metric(self.model(inputs), targets)
                     total[1] += metric
@@ -426,4 +434,5 @@ class Trainer:
             "stop_reason": self.stop_reason,
             "exit_code": self.stop.exit_code if self.stop is not None else 0,
             "world_size": self.world_size,
+            "layout": self.layout,
         }

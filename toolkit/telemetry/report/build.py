@@ -39,6 +39,7 @@ class Report:
     verdict: Verdict | None = None
     profiles: list[str] = field(default_factory=list)  # RUN_DIR/profiles/step<N>/rank<k>.json.gz
     scale: dict[str, Any] | None = None  # read through per-node summaries: how
+    layout: dict[str, Any] = field(default_factory=dict)  # RUN_DIR/mesh.json: degrees, warnings
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,7 +60,19 @@ class Report:
             "verdict": self.verdict.to_json() if self.verdict is not None else None,
             "profiles": self.profiles,
             **({"scale": self.scale} if self.scale is not None else {}),
+            "layout": self.layout,
         }
+
+
+def read_layout(run_dir: Path) -> dict[str, Any]:
+    """The run's parallel layout (RUN_DIR/mesh.json, written at start): degrees, a one-line
+    description and placement warnings; {} for runs without one."""
+    try:
+        record = json.loads((Path(run_dir) / "mesh.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    keys = ("degrees", "describe", "warnings")
+    return {k: record[k] for k in keys if k in record} if isinstance(record, dict) else {}
 
 
 def _gpu_of_rank(run: RunData, rank: int, node: str) -> tuple[str, int] | None:
@@ -169,6 +182,7 @@ def analyse(
         report.idle_gaps = analysis.find_idle_gaps(series, events, cfg)
         report.attribution = analysis.attribute_time(series, events)
     report.verdict = _diagnose(run, series, report, cfg, scaled.terms if scaled else None)
+    report.layout = read_layout(run.run_dir)
     report.profiles = [str(p) for p in export.profile_files(run.run_dir)]
     return report, series
 

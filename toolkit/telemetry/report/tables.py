@@ -149,6 +149,10 @@ def print_report(report: Report, console: Any = None, max_rank_rows: int = 64) -
             table.add_row(*row)
         console.print(table)
 
+    if report.layout:
+        console.print(f"Layout: {report.layout.get('describe', '?')}")
+        for line in report.layout.get("warnings", []):
+            console.print(f"[yellow]{line}[/yellow]", soft_wrap=True)
     if report.verdict is not None:
         from rich.markup import escape
 

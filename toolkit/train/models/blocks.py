@@ -1,4 +1,11 @@
-"""The transformer block shared by every model here (pre-norm, causal attention, GELU MLP)."""
+"""The transformer block shared by every model here (pre-norm, causal attention, GELU MLP).
+
+The attention's fused input projection `qkv_heads` is laid out head by head: rows
+[h*3*hd, (h+1)*3*hd) hold head h's query, key and value (hd = dim / num_heads). A split of
+its rows into tp equal parts (tensor parallelism's column-wise Shard(0)) therefore gives
+each rank whole heads with their q, k and v; the head count is read from the local tensor's
+width, never from the global dim, so the same code runs sharded and unsharded.
+"""
 
 from __future__ import annotations
 
@@ -12,16 +19,18 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int):
         super().__init__()
         self.num_heads = num_heads
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.head_dim = dim // num_heads
+        self.qkv_heads = nn.Linear(dim, 3 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, dim = x.shape
-        q, k, v = self.qkv(x).split(dim, dim=2)
-        shape = (batch, seq, self.num_heads, dim // self.num_heads)
-        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
+        qkv = self.qkv_heads(x)  # [batch, seq, 3 * local heads * head_dim]
+        batch, seq, width = qkv.shape
+        heads = width // (3 * self.head_dim)  # num_heads / tp under tensor parallelism
+        q, k, v = qkv.view(batch, seq, heads, 3, self.head_dim).unbind(dim=3)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [batch, heads, seq, head_dim]
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, dim))
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, heads * self.head_dim))
 
 
 class MLP(nn.Module):

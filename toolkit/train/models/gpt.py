@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from toolkit.config.model import ModelConfig
 from toolkit.train.models.blocks import Block, init_weights
@@ -35,9 +36,12 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.norm(x))
+        # Tensor parallelism: logits are sharded over the vocabulary (a DTensor); the loss
+        # (under loss_parallel, toolkit.distributed.tensor_parallel) is replicated.
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            return logits.full_tensor() if isinstance(logits, DTensor) else logits
+        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+        return loss.to_local().clone() if isinstance(loss, DTensor) else loss
 
     @property
     def embedding_params(self) -> int:
