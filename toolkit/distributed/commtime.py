@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "p2p")
@@ -36,10 +37,11 @@ WRAPPED = {
     "broadcast": "p2p",
     "send": "p2p",
     "recv": "p2p",
-    "isend": "p2p",
-    "irecv": "p2p",
+    # Not isend/irecv themselves: torch.distributed.P2POp accepts only the originals (by
+    # identity), and the pipeline schedules post their P2POps through batch_isend_irecv.
+    "batch_isend_irecv": "p2p",
 }
-ASYNC_ALWAYS = ("isend", "irecv")
+ASYNC_ALWAYS = ("batch_isend_irecv",)
 
 
 class CommTimer:
@@ -117,8 +119,9 @@ class CommTimer:
                 self._add(kind, elapsed)
                 self.exposed_s += elapsed
                 return work
+            works = work if isinstance(work, list) else [work]  # batch_isend_irecv: a list
             try:
-                future = work.get_future()
+                future = torch.futures.collect_all([w.get_future() for w in works])
                 future.add_done_callback(lambda _f: self._add(kind, time.perf_counter() - t0))
             except (RuntimeError, AttributeError):  # no future on this backend: time the wait
                 self._add(kind, time.perf_counter() - t0)

@@ -29,7 +29,7 @@ def parallelize(
     fully_shard registers its hooks, so all-gathers stay outside the compiled region.
     """
     mp = mixed_precision(precision)
-    blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]
+    blocks = list(model.blocks.values())  # type: ignore[union-attr]  # ModuleDict by layer
     for i, block in enumerate(blocks):
         block.activation_checkpointing = parallel.activation_checkpointing
         if parallel.compile:

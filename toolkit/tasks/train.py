@@ -32,6 +32,7 @@ from toolkit.train.flops import flops_per_token
 from toolkit.train.loop import Trainer
 from toolkit.train.models import build_model
 from toolkit.train.optim import build_optimizer, build_scheduler
+from toolkit.train.pipeline import PipelineStep, build_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +131,16 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     shape = mesh_shape(job.parallel, dist.get_world_size())
     if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
         raise ValueError(shape)
-    if shape.tp > 1 or shape.pp > 1:
-        raise NotImplementedError(f"{shape.describe()}: tensor and pipeline parallelism land next")
+    if shape.tp > 1:
+        raise NotImplementedError(f"{shape.describe()}: tensor parallelism lands next")
     mesh = build_mesh(shape, device.type)
     record_layout(shape, device, run_dir / "mesh.json")
-    model = parallelize(model, data_parallel_mesh(mesh, shape), job.parallel, job.precision)
+    pipe = None
+    if shape.pp > 1:  # this rank's stages, each sharded over the dp dims
+        pipe = build_pipeline(model, mesh, shape, job.parallel, job.precision, job.data.seq_len)
+        model = pipe.model
+    else:
+        model = parallelize(model, data_parallel_mesh(mesh, shape), job.parallel, job.precision)
     if job.parallel.meta_init:
         model.to_empty(device=device)
         torch.manual_seed(job.seed + env.rank)
@@ -154,6 +160,10 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     )
     loader, val_loader, eval_metric = build_loaders(job, plan, device, run_dir, env)
 
+    strategy = None
+    if pipe is not None:
+        loss_ranks = shape.world_size // shape.pp  # the last stage's ranks hold the loss
+        strategy = PipelineStep(pipe, job.parallel.pp_schedule, device, model.loss, loss_ranks)
     optimizer = build_optimizer(model, job.optim)
     scheduler = build_scheduler(optimizer, job.optim, job.trainer.steps)
     sink = Fanout(build_sinks(job, env, run_dir))
@@ -172,6 +182,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         fault=job.fault,
         comm_timer=CommTimer().install() if job.telemetry.comm_timing else None,
         eval_metric=eval_metric,
+        strategy=strategy,
     )
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer
