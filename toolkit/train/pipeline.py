@@ -138,7 +138,11 @@ def build_pipeline(
     ids = stage_ids(pp_rank, shape.pp, par.pp_virtual_stages)
     num_stages = len(layers)
     mine = sorted(i for s in ids for i in layers[s])
+    everything = set(model.state_dict())
     kept = model.part(mine, first=0 in ids, last=num_stages - 1 in ids)
+    # The other stages' keys: a checkpoint holds them, and they still belong to the model
+    # (toolkit.checkpoint.checkpointer.keys_elsewhere).
+    kept.keys_elsewhere = frozenset(everything - set(kept.state_dict()))
     parts = [kept.part(layers[s], first=s == 0, last=s == num_stages - 1) for s in ids]
     dp_mesh = data_parallel_mesh(mesh, shape)
     for part in parts:
