@@ -62,7 +62,8 @@ def layer_costs(cfg: ModelConfig, seq_len: int) -> tuple[float, float, float]:
 def balanced_split(num_layers: int, stages: int, block: float, first: float, last: float):
     """Layers per stage (each >= 1, consecutive) minimising the costliest stage, where the
     first stage also pays `first` and the last `last`. Exact (dynamic programming over
-    split points); ties keep earlier stages no heavier than later ones."""
+    split points); ties make earlier stages the lighter ones (under 1F1B the first stage
+    keeps the most micro-batches' activations)."""
     inf = float("inf")
 
     def cost(stage: int, n: int) -> float:
@@ -74,7 +75,7 @@ def balanced_split(num_layers: int, stages: int, block: float, first: float, las
     best[stages][num_layers] = 0.0
     for s in range(stages - 1, -1, -1):
         for i in range(num_layers - 1, -1, -1):
-            for n in range(num_layers - i, 0, -1):  # fewest layers last: ties favour later
+            for n in range(1, num_layers - i + 1):  # ties: the earlier stage lighter
                 tail = best[s + 1][i + n]
                 value = max(cost(s, n), tail)
                 if value < best[s][i]:
