@@ -38,6 +38,12 @@ LAYOUTS = {
     "pp2": ["cluster.tasks_per_node=2", "parallel.pp=2"],
     "pp2_dp2": ["cluster.tasks_per_node=4", "parallel.pp=2", "parallel.dp_shard=2"],
     "pp2_dp2_again": ["cluster.tasks_per_node=4", "parallel.pp=2", "parallel.dp_shard=2"],
+    "pp2_hsdp": [
+        "cluster.tasks_per_node=4",
+        "parallel.pp=2",
+        "parallel.dp_replicate=2",
+        "parallel.dp_shard=1",
+    ],
     "one_4l": ["cluster.tasks_per_node=1", *FOUR_LAYERS],
     "gpipe_4l": [
         "cluster.tasks_per_node=2",
@@ -96,7 +102,7 @@ def assert_agree(run_dir: Path, reference: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["pp2", "pp2_dp2"])
+@pytest.mark.parametrize("layout", ["pp2", "pp2_dp2", "pp2_hsdp"])
 def test_pipelined_layouts_match_one_rank(run, layout) -> None:
     assert_agree(run(layout), run("one"))
     assert curves(run("one"))[0][-1] < curves(run("one"))[0][0]  # it learns
@@ -160,3 +166,20 @@ def test_time_series_model_pipelines_like_one_rank(tmp_path) -> None:
     # Evaluation ran on the last stage: the loss and the rank IC of its predictions.
     assert summary(pp2)["val_loss"] == pytest.approx(summary(one)["val_loss"], rel=1e-5)
     assert summary(pp2)["val_ic"] == pytest.approx(summary(one)["val_ic"], abs=1e-5)
+
+
+def test_pipeline_trains_in_bf16_with_activation_checkpointing_and_meta_init(tmp_path) -> None:
+    result = launch(
+        *BASE,
+        "trainer.steps=6",
+        "cluster.tasks_per_node=2",
+        "parallel.pp=2",
+        "precision=bf16",
+        "parallel.activation_checkpointing=true",
+        "parallel.meta_init=true",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    loss, norm = curves(tmp_path)
+    assert len(loss) == 6 and loss[-1] < loss[0] and all(n > 0 for n in norm)
+    assert 0 < summary(tmp_path)["val_loss"] < loss[0]  # bf16 activations between stages
