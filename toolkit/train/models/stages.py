@@ -20,17 +20,6 @@ class StagedModel(nn.Module):
     OUTPUT: tuple[str, ...] = ()  # modules of the last stage (final norm, head)
     blocks: nn.ModuleDict
 
-    @property
-    def is_first(self) -> bool:
-        return all(getattr(self, name) is not None for name in self.INPUT)
-
-    @property
-    def is_last(self) -> bool:
-        return all(getattr(self, name) is not None for name in self.OUTPUT)
-
-    def layer_ids(self) -> list[int]:
-        return [int(key) for key in self.blocks]
-
     def part(self, layers: Iterable[int], first: bool, last: bool) -> StagedModel:
         """A model of the same class holding layers `layers` (and the input / output
         modules when `first` / `last`): the same module objects, not copies, so parameters
