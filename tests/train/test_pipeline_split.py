@@ -66,3 +66,12 @@ def test_time_series_stages_chained_equal_the_whole_model_bitwise() -> None:
     model.reset_parameters()
     series = torch.randn(3, 12, 5)
     assert torch.equal(_chain(model, [[0], [1]], series), model(series))
+
+
+def test_interleaved_micro_batches_must_split_into_rounds() -> None:
+    from toolkit.config.parallel import problems
+
+    par = ParallelConfig(pp=2, pp_schedule="interleaved_1f1b", pp_virtual_stages=2)
+    assert problems(par, 2, ModelConfig(num_layers=4), grad_accum=4) == []
+    [line] = problems(par, 2, ModelConfig(num_layers=4), grad_accum=5)
+    assert line.startswith("parallel.pp_schedule=interleaved_1f1b: trainer.grad_accum=5")
