@@ -54,3 +54,32 @@ def test_when_the_save_fails_twice_the_newest_committed_one_is_named(tmp_path, s
     attrs = events(run_dir, "preemption")[0]["attrs"]
     assert attrs["save_committed"] is False and attrs["resume_step"] == 2
     assert "the newest committed one is step 2" in attrs["requeue_decision"]
+
+
+def test_a_signalled_pipeline_stops_every_stage_at_one_step_and_resumes_bitwise(tmp_path, start):
+    """pp=2: a signal to the last stage's rank stops both stages at the same step boundary
+    (the votes' all-reduce spans every stage), the final checkpoint commits, and a relaunch
+    continues with bitwise the losses of an uninterrupted pipelined run."""
+    from tests.checkpoint.conftest import launch, losses
+
+    pipeline = ["cluster.tasks_per_node=2", "parallel.pp=2", "trainer.grad_accum=2"]
+    steps = ["trainer.steps=60", "trainer.log_every=1"]
+    reference = tmp_path / "reference"
+    assert launch(reference, *pipeline, *steps).returncode == 0
+    run_dir = tmp_path / "run"
+    job = start(run_dir, "checkpoint.enabled=true", *pipeline, *steps)
+    rank1 = run_dir / "metrics" / "rank1.jsonl"
+    wait_for(lambda: rank1.exists() and rank1.read_text().strip(), what="rank 1's first step")
+    rank_process(job.pid, 1).send_signal(signal.SIGUSR2)  # the last stage only
+    out, _ = job.communicate(timeout=180)
+    assert job.returncode == EXIT_PREEMPTED, out
+    [event] = events(run_dir, "preemption")
+    stopped_at = event["step"]
+    assert event["attrs"]["save_committed"] is True and stopped_at < 60
+    for rank in (0, 1):  # both stages ended their last step at the same boundary
+        last = (run_dir / "metrics" / f"rank{rank}.jsonl").read_text().splitlines()[-1]
+        assert f'"step": {stopped_at},' in last
+    done = launch(run_dir, "checkpoint.enabled=true", *pipeline, *steps)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert events(run_dir, "restart")[0]["step"] == stopped_at
+    assert losses(run_dir) == losses(reference)  # bitwise: same floats, every step

@@ -82,9 +82,10 @@ def bare_loop(
         param_dtype=dtypes[job.precision.param_dtype],
         reduce_dtype=dtypes[job.precision.reduce_dtype],
     )
-    for i, block in enumerate(model.blocks):
+    blocks = list(model.blocks.values())  # an nn.ModuleDict keyed by layer index
+    for i, block in enumerate(blocks):
         fully_shard(
-            block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(model.blocks) - 1
+            block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(blocks) - 1
         )
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     model.to(device)

@@ -348,11 +348,15 @@ class Checkpointer:
         """Raise CheckpointMismatch when the checkpoint's tensors do not fit the model (keys,
         shapes), reading only its metadata: nothing is touched."""
         model_sd, _ = get_state_dict(model, optimizer)
-        self._check_fits(path, self.storage.dcp_reader(path).read_metadata(), model_sd)
+        self._check_fits(
+            path, self.storage.dcp_reader(path).read_metadata(), model_sd, keys_elsewhere(model)
+        )
 
     @staticmethod
-    def _check_fits(path: Path, metadata: Any, model_sd: dict[str, Any]) -> None:
-        problems = mismatches(metadata, tensor_shapes(model_sd, "model"), "model")
+    def _check_fits(
+        path: Path, metadata: Any, model_sd: dict[str, Any], elsewhere: frozenset[str] = frozenset()
+    ) -> None:
+        problems = mismatches(metadata, tensor_shapes(model_sd, "model"), "model", elsewhere)
         if problems:
             shown = "\n  ".join(problems[:30])
             more = f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
@@ -371,8 +375,9 @@ class Checkpointer:
         Non-tensor items are read as plain data only (toolkit.checkpoint.trust)."""
         reader = self.storage.dcp_reader(path)
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        self._check_fits(path, reader.read_metadata(), model_sd)
+        self._check_fits(path, reader.read_metadata(), model_sd, keys_elsewhere(model))
         state = {"model": model_sd, "optim": optim_sd}
+        own_groups = [list(group["params"]) for group in optim_sd.get("param_groups", [])]
         try:
             dcp.load(
                 state, storage_reader=reader, planner=SafeLoadPlanner(path), process_group=self.pg
@@ -382,6 +387,7 @@ class Checkpointer:
             if unsafe is not None:  # one line naming the file, not DCP's per-rank report
                 raise unsafe from None
             raise
+        keep_own_param_names(state["optim"], own_groups)
         set_state_dict(
             model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
@@ -390,6 +396,23 @@ class Checkpointer:
         rng = json.loads(rng_path.read_text()) if rng_path.is_file() else None
         self.last_step = int(train_state["step"])
         return train_state, rng
+
+
+def keep_own_param_names(optim_sd: dict[str, Any], own: list[list[str]]) -> None:
+    """After a load, each param group lists this rank's parameters again, with the saved
+    hyperparameters. A checkpoint holds one copy of the groups' parameter names (DCP keeps
+    one rank's), which on a pipeline stage names another stage's parameters; groups match
+    by position (the same optimizer on every rank)."""
+    groups = optim_sd.get("param_groups", [])
+    if len(groups) == len(own):
+        for group, names in zip(groups, own, strict=True):
+            group["params"] = names
+
+
+def keys_elsewhere(model: nn.Module) -> frozenset[str]:
+    """DCP keys of the model's tensors that other ranks hold (a pipeline stage sets
+    `keys_elsewhere` to the other stages' state-dict keys): a checkpoint has them all."""
+    return frozenset(f"model.{k}" for k in getattr(model, "keys_elsewhere", ()))
 
 
 def _describe(exc: BaseException, path: Path) -> str:

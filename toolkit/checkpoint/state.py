@@ -138,8 +138,15 @@ def tensor_shapes(state: dict[str, Any], prefix: str) -> dict[str, tuple[int, ..
     }
 
 
-def mismatches(metadata: Metadata, expected: dict[str, tuple[int, ...]], prefix: str) -> list[str]:
-    """Keys missing from the checkpoint, unexpected in it, or with another shape."""
+def mismatches(
+    metadata: Metadata,
+    expected: dict[str, tuple[int, ...]],
+    prefix: str,
+    elsewhere: frozenset[str] | set[str] = frozenset(),
+) -> list[str]:
+    """Keys missing from the checkpoint, unexpected in it, or with another shape. Keys in
+    `elsewhere` belong to the model but are held by other ranks (other pipeline stages):
+    not unexpected."""
     saved = {
         k: tuple(v.size)
         for k, v in metadata.state_dict_metadata.items()
@@ -148,7 +155,11 @@ def mismatches(metadata: Metadata, expected: dict[str, tuple[int, ...]], prefix:
     problems = [
         f"missing in checkpoint: {k} {list(s)}" for k, s in expected.items() if k not in saved
     ]
-    problems += [f"not in this model: {k} {list(s)}" for k, s in saved.items() if k not in expected]
+    problems += [
+        f"not in this model: {k} {list(s)}"
+        for k, s in saved.items()
+        if k not in expected and k not in elsewhere
+    ]
     problems += [
         f"shape of {k}: checkpoint {list(saved[k])}, model {list(s)}"
         for k, s in expected.items()

@@ -172,6 +172,13 @@ def problems(
             f"than the {stages} pipeline stages; {par.pp_schedule} needs at least {stages} "
             f"(raise trainer.grad_accum)"
         )
+    rounds = max(1, grad_accum // shape.pp)
+    if shape.pp > 1 and par.pp_schedule == "interleaved_1f1b" and grad_accum % rounds:
+        p.append(
+            f"parallel.pp_schedule=interleaved_1f1b: trainer.grad_accum={grad_accum} micro-batches "
+            f"do not split into rounds of parallel.pp={shape.pp} (torch's schedule runs "
+            f"{rounds} rounds); use a multiple of {shape.pp} or fewer than {2 * shape.pp}"
+        )
     if model is not None:
         p += _model_problems(par, shape, model)
     if seq_len is not None and shape.tp > 1 and seq_len % shape.tp:

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+import torch
 import torch.distributed as dist
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "p2p")
@@ -61,10 +62,11 @@ WRAPPED = {
     "broadcast": "p2p",
     "send": "p2p",
     "recv": "p2p",
-    "isend": "p2p",
-    "irecv": "p2p",
+    # Not isend/irecv themselves: torch.distributed.P2POp accepts only the originals (by
+    # identity), and the pipeline schedules post their P2POps through batch_isend_irecv.
+    "batch_isend_irecv": "p2p",
 }
-ASYNC_ALWAYS = ("isend", "irecv")
+ASYNC_ALWAYS = ("batch_isend_irecv",)
 MAX_TRACKED_WORKS = 4096  # async works never waited on are forgotten past this many
 
 
@@ -247,8 +249,9 @@ class CommTimer:
             if start is not None:
                 self._open[id(work)] = (work, kind, start)  # ended after Work.wait()
                 return work
+            works = work if isinstance(work, list) else [work]  # batch_isend_irecv: a list
             try:
-                future = work.get_future()
+                future = torch.futures.collect_all([w.get_future() for w in works])
                 future.add_done_callback(lambda _f: self._add(kind, time.perf_counter() - t0))
             except (RuntimeError, AttributeError):  # no future on this backend: time the wait
                 self._add(kind, time.perf_counter() - t0)

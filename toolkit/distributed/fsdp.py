@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -32,7 +33,7 @@ def parallelize(
     fully_shard registers its hooks, so all-gathers stay outside the compiled region.
     """
     mp = mixed_precision(precision)
-    blocks: nn.ModuleList = model.blocks  # type: ignore[assignment]
+    blocks = list(model.blocks.values())  # type: ignore[union-attr]  # ModuleDict by layer
     for i, block in enumerate(blocks):
         block.activation_checkpointing = parallel.activation_checkpointing
         if parallel.compile:
@@ -56,7 +57,10 @@ def local_param_bytes(model: nn.Module) -> int:
 
 
 def clip_grad_norm_(
-    model: nn.Module, max_norm: float, timer: CommTimer | None = None
+    model: nn.Module,
+    max_norm: float,
+    timer: CommTimer | None = None,
+    pp_group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """Global grad norm over sharded (DTensor) gradients, clipping when max_norm > 0.
 
@@ -66,7 +70,8 @@ def clip_grad_norm_(
     rank sees the same global norm. Groups combine as the root of summed squares, so
     parameters on different meshes never meet in one DTensor op. full_tensor() is a
     functional collective, which the timer's wrappers of torch.distributed do not see: it is
-    timed here as all-reduce."""
+    timed here as all-reduce. With `pp_group` (pipeline parallelism: `model` holds this
+    rank's stages only), the squared norms of every stage are summed over that group."""
     groups: dict[object, list[torch.Tensor]] = {}  # mesh (None: plain) -> parameters
     for p in model.parameters():
         if p.grad is not None:
@@ -81,10 +86,13 @@ def clip_grad_norm_(
             with timer.span("all_reduce") if timer is not None else contextlib.nullcontext():
                 norm = norm.full_tensor()
         norms.append(norm)
-    if len(norms) == 1:
+    if len(norms) == 1 and pp_group is None:
         total = norms[0]
-    else:  # several meshes: root of the summed squares (fp32)
-        total = torch.stack([n.float() ** 2 for n in norms]).sum().sqrt()
+    else:  # several meshes and/or stages: root of the summed squares
+        squared = torch.stack([n.double() ** 2 for n in norms]).sum()
+        if pp_group is not None:
+            dist.all_reduce(squared, group=pp_group)
+        total = squared.sqrt().to(norms[0].dtype)
     if max_norm > 0:
         for group in groups.values():  # one foreach call per mesh
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)

@@ -44,9 +44,10 @@ def data_parallel_mesh(mesh: DeviceMesh, shape: MeshShape) -> DeviceMesh:
 
 
 def gather_hosts(device: torch.device) -> list[str]:
-    """Every rank's hostname, in rank order: fixed-size byte tensors through all_gather (no
-    pickled objects cross the wire)."""
-    name = socket.gethostname().encode()[:HOST_BYTES]
+    """Every rank's node, in rank order: Slurm's node name in a job (SLURMD_NODENAME: nodes
+    that share a host, as the dev cluster's do, stay apart), else the hostname. Fixed-size
+    byte tensors through all_gather (no pickled objects cross the wire)."""
+    name = (os.environ.get("SLURMD_NODENAME") or socket.gethostname()).encode()[:HOST_BYTES]
     mine = torch.zeros(HOST_BYTES, dtype=torch.uint8, device=device)
     mine[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
     everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]

@@ -35,6 +35,7 @@ from toolkit.train.flops import flops_per_token
 from toolkit.train.loop import Trainer
 from toolkit.train.models import build_model
 from toolkit.train.optim import build_optimizer, build_scheduler
+from toolkit.train.pipeline import PipelineStep, build_pipeline
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +155,18 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     shape = mesh_shape(job.parallel, dist.get_world_size())
     if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
         raise ValueError(shape)
-    if shape.pp > 1:
-        raise NotImplementedError(f"{shape.describe()}: pipeline parallelism lands next")
     mesh = build_mesh(shape, device.type)
     record_layout(shape, device, run_dir / "mesh.json")
-    if shape.tp > 1:  # first tensor parallelism, then FSDP2 over the data-parallel dims (2D)
-        model = apply_tensor_parallel(model, mesh["tp"], job.model.kind)
-    model = parallelize(model, data_parallel_mesh(mesh, shape), job.parallel, job.precision)
+    pipe = None
+    if shape.pp > 1:  # this rank's stages: tensor parallel, then sharded over the dp dims
+        pipe = build_pipeline(
+            model, mesh, shape, job.parallel, job.precision, job.data.seq_len, job.model.kind
+        )
+        model = pipe.model
+    else:
+        if shape.tp > 1:  # first tensor parallelism, then FSDP2 over the dp dims (2D)
+            model = apply_tensor_parallel(model, mesh["tp"], job.model.kind)
+        model = parallelize(model, data_parallel_mesh(mesh, shape), job.parallel, job.precision)
     if job.parallel.meta_init:
         model.to_empty(device=device)
         torch.manual_seed(job.seed + env.rank)
@@ -192,6 +198,12 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         comm = CommTimer(
             progress=heartbeat, timing=job.telemetry.comm_timing, cuda=device.type == "cuda"
         ).install()
+    strategy = None
+    if pipe is not None:
+        loss_ranks = shape.world_size // shape.pp  # the last stage's ranks hold the loss
+        strategy = PipelineStep(
+            pipe, job.parallel.pp_schedule, device, model.loss, loss_ranks, timer=comm
+        )
     trainer = Trainer(
         job.trainer,
         model,
@@ -209,6 +221,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         heartbeat=heartbeat,
         eval_metric=eval_metric,
         loss_context=loss_context(shape.tp),
+        strategy=strategy,
     )
     trainer.layout = shape.degrees()
     trainer.hooks = build_hooks(job, env, run_dir, sink)

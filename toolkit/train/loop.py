@@ -28,12 +28,12 @@ from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import restart_count
-from toolkit.distributed.fsdp import clip_grad_norm_
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
 from toolkit.hooks import Hook, Stop, split_votes
 from toolkit.train.data import Loader
 from toolkit.train.flops import mfu
+from toolkit.train.steps import Accumulation, StepStrategy
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ class Trainer:
         heartbeat: Heartbeat | None = None,
         eval_metric: Callable[[torch.Tensor, torch.Tensor], tuple[float, int]] | None = None,
         loss_context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+        strategy: StepStrategy | None = None,
     ):
         self.cfg = cfg
         self.model = model
@@ -111,9 +112,10 @@ class Trainer:
         )
         self.phases: dict[str, float] = {}
         self.eval_metric = eval_metric  # (predictions, targets) -> (sum, count), e.g. rank IC
+        # Forward/backward over a step's micro-batches, clipping, eval forwards: the
+        # accumulation loop, or a pipeline schedule (toolkit.train.pipeline).
+        self.strategy = strategy or Accumulation(model, device, loss_context, comm_timer)
         self.val_metrics: dict[str, float] = {}
-        # Around every forward/backward: loss_parallel() under tensor parallelism.
-        self.loss_context = loss_context
         self.layout: dict[str, int] = {}  # mesh degrees, set by the composition root
         self.rank = dist.get_rank()
         self._straggler_sleep_s = (
@@ -202,29 +204,15 @@ class Trainer:
     def train_step(
         self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
     ) -> tuple[float, float, float, float, list[float]]:
-        """Forward/backward over the micro-batches, then clip and step. Returns the mean
-        loss, the grad norm, both phases' seconds and the votes summed over ranks; the
-        phases in finer grain are left in `self.phases` (seconds).
-
-        Non-final micro-steps skip FSDP's reduce-scatter (set_requires_gradient_sync), so
-        gradients accumulate unsharded locally and are reduced once."""
+        """Forward/backward over the micro-batches (self.strategy), then clip and step.
+        Returns the mean loss, the grad norm, both phases' seconds and the votes summed over
+        ranks; the phases in finer grain are left in `self.phases` (seconds)."""
         t0 = time.perf_counter()
         if self._straggler_sleep_s:
             time.sleep(self._straggler_sleep_s)  # injected slow rank (fault.straggler_rank)
-        accum = len(micro_batches)
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        for i, (inputs, targets) in enumerate(micro_batches):
-            last = i == accum - 1
-            if hasattr(self.model, "set_requires_gradient_sync"):
-                self.model.set_requires_gradient_sync(last)
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
-            with self.loss_context():
-                loss = self.model(inputs, targets) / accum
-                loss.backward()
-            loss_sum += loss.detach()
+        loss_sum = self.strategy.forward_backward(micro_batches)
         t1 = time.perf_counter()
-        grad_norm = clip_grad_norm_(self.model, self.grad_clip, self.comm_timer)
+        grad_norm = self.strategy.clip_grad_norm(self.grad_clip)
         t_clip = time.perf_counter()
         for hook in self.hooks:
             hook.before_optimizer_step(self)
@@ -234,7 +222,9 @@ class Trainer:
         self.scheduler.step()
         t_opt = time.perf_counter()
         exposed_so_far = self.comm_timer.exposed_s if self.comm_timer is not None else 0.0
-        # One all-reduce carries the loss and every stop vote; .tolist() syncs the device.
+        # One all-reduce over every rank (all pipeline stages) carries the loss and every
+        # stop vote; .tolist() syncs the device. Ranks without a loss (not the last pipeline
+        # stage) add 0: the mean divides by the ranks that hold one.
         votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
         if self._hang_where == "collective" and self.state.step == self.fault.hang_at_step:
             hang_forever("before the step's all-reduce", self.state.step, self.rank)
@@ -248,7 +238,7 @@ class Trainer:
             "optimizer_step": t_opt - t_hooks,
             "exposed_before_votes": exposed_so_far,
         }
-        return values[0] / self.world_size, float(grad_norm), t1 - t0, t2 - t1, values[1:]
+        return values[0] / self.strategy.loss_ranks, float(grad_norm), t1 - t0, t2 - t1, values[1:]
 
     def _breakdown(self, step_time: float, data_wait: float) -> dict[str, float]:
         """Where the step went: the StepRecord fields that add up to step_time_s. Exposed
@@ -281,18 +271,21 @@ class Trainer:
         total = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss, metric, count
         for i in range(self.cfg.eval_batches):
             for inputs, targets in self.val_loader.batch(i):
-                inputs, targets = inputs.to(self.device), targets.to(self.device)
-                with self.loss_context():
-                    total[0] += self.model(inputs, targets).double()
-                if self.eval_metric is not None:
-                    metric, count = self.eval_metric(self.model(inputs), targets)
+                want = self.eval_metric is not None
+                loss, preds = self.strategy.eval_batch(inputs, targets, want)
+                if loss is None:  # not the last pipeline stage: nothing to add
+                    continue
+                total[0] += loss.double()
+                if want:
+                    metric, count = self.eval_metric(preds, targets.to(self.device))
                     total[1] += metric
                     total[2] += count
         self.model.train()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         if self.eval_metric is not None and total[2] > 0:
             self.val_metrics["val_ic"] = float(total[1] / total[2])
-        return total[0].item() / (self.world_size * self.cfg.eval_batches * plan.grad_accum)
+        batches = self.strategy.loss_ranks * self.cfg.eval_batches * plan.grad_accum
+        return total[0].item() / batches
 
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""Decoder-only GPT over tokens (byte-level by default)."""
+"""Decoder-only GPT over tokens (byte-level by default).
+
+Splits into pipeline stages by layers (toolkit.train.models.stages): the first stage holds
+the embeddings, the last the final norm and the head; a stage between reads and returns
+hidden states [batch, seq, dim]."""
 
 from __future__ import annotations
 
@@ -9,17 +13,27 @@ from torch.distributed.tensor import DTensor
 
 from toolkit.config.model import ModelConfig
 from toolkit.train.models.blocks import Block, init_weights
+from toolkit.train.models.stages import StagedModel
 
 
-class GPT(nn.Module):
+def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (in float32 whatever the compute dtype)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+class GPT(StagedModel):
+    INPUT = ("tok_emb", "pos_emb")
+    OUTPUT = ("norm", "head")
+    loss = staticmethod(gpt_loss)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.dim)
-        self.blocks = nn.ModuleList(
-            Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, cfg.norm_eps)
-            for _ in range(cfg.num_layers)
+        self.blocks = nn.ModuleDict(
+            (str(i), Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, cfg.norm_eps))
+            for i in range(cfg.num_layers)
         )
         self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
@@ -30,20 +44,23 @@ class GPT(nn.Module):
             if isinstance(m, nn.LayerNorm):
                 m.reset_parameters()
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok_emb(tokens) + self.pos_emb(positions)
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Tokens (or, after the first stage, hidden states) in; logits, or the loss when
+        `targets` are given, out (hidden states before the last stage)."""
+        if self.tok_emb is not None:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.tok_emb(x) + self.pos_emb(positions)
+        x = self.run_blocks(x)
+        if self.head is None:
+            return x
         logits = self.head(self.norm(x))
         # Tensor parallelism: logits are sharded over the vocabulary (a DTensor); the loss
-        # (under loss_parallel, toolkit.distributed.tensor_parallel) is replicated.
+        # (gpt_loss under loss_parallel, toolkit.distributed.tensor_parallel) is replicated.
         if targets is None:
             return logits.full_tensor() if isinstance(logits, DTensor) else logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-        return loss.to_local().clone() if isinstance(loss, DTensor) else loss
+        return gpt_loss(logits, targets)
 
     @property
     def embedding_params(self) -> int:
         """Parameters used as lookups, not matmuls (excluded from the FLOP count)."""
-        return self.tok_emb.weight.numel() + self.pos_emb.weight.numel()
+        return self.cfg.vocab_size * self.cfg.dim + self.cfg.max_seq_len * self.cfg.dim

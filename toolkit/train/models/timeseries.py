@@ -3,7 +3,9 @@ num_targets values (num_series when 0) at every position; trained with mean squa
 
 Targets [batch, time, num_targets] are compared at every position (next-step prediction);
 targets [batch, num_targets] (a window's target over a horizon, toolkit.data.samples) with
-the last position's prediction. Missing targets (NaN) add no error to the loss."""
+the last position's prediction. Missing targets (NaN) add no error to the loss.
+
+Splits into pipeline stages by layers like the GPT (toolkit.train.models.stages)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,32 @@ from torch import nn
 
 from toolkit.config.model import ModelConfig
 from toolkit.train.models.blocks import Block, init_weights
+from toolkit.train.models.stages import StagedModel
 
 
-class TimeSeriesTransformer(nn.Module):
+def masked_mse(pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    if targets.dim() == 2:
+        pred = pred[:, -1]
+    # A missing target adds no error but still counts in the mean: the loss of a batch
+    # then does not depend on how it is split over ranks and micro-steps.
+    observed = torch.isfinite(targets)
+    err = torch.where(observed, pred.float() - targets.float().nan_to_num(), 0.0)
+    return (err * err).mean()
+
+
+class TimeSeriesTransformer(StagedModel):
+    INPUT = ("inp", "pos_emb")
+    OUTPUT = ("norm", "head")
+    loss = staticmethod(masked_mse)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.inp = nn.Linear(cfg.num_series, cfg.dim)
         self.pos_emb = nn.Embedding(cfg.max_seq_len, cfg.dim)
-        self.blocks = nn.ModuleList(
-            Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, cfg.norm_eps)
-            for _ in range(cfg.num_layers)
+        self.blocks = nn.ModuleDict(
+            (str(i), Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, cfg.norm_eps))
+            for i in range(cfg.num_layers)
         )
         self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.num_targets or cfg.num_series)
@@ -35,22 +52,16 @@ class TimeSeriesTransformer(nn.Module):
             if isinstance(m, nn.LayerNorm):
                 m.reset_parameters()
 
-    def forward(self, series: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        positions = torch.arange(series.shape[1], device=series.device)
-        x = self.inp(series) + self.pos_emb(positions)
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if self.inp is not None:
+            positions = torch.arange(x.shape[1], device=x.device)
+            x = self.inp(x) + self.pos_emb(positions)
+        x = self.run_blocks(x)
+        if self.head is None:
+            return x
         pred = self.head(self.norm(x))
-        if targets is None:
-            return pred
-        if targets.dim() == 2:
-            pred = pred[:, -1]
-        # A missing target adds no error but still counts in the mean: the loss of a batch
-        # then does not depend on how it is split over ranks and micro-steps.
-        observed = torch.isfinite(targets)
-        err = torch.where(observed, pred.float() - targets.float().nan_to_num(), 0.0)
-        return (err * err).mean()
+        return pred if targets is None else masked_mse(pred, targets)
 
     @property
     def embedding_params(self) -> int:
-        return self.pos_emb.weight.numel()
+        return self.cfg.max_seq_len * self.cfg.dim
