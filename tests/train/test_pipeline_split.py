@@ -6,32 +6,32 @@ from __future__ import annotations
 
 import torch
 
+from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.model import ModelConfig
-from toolkit.config.parallel import ParallelConfig
+from toolkit.config.parallel import MeshShape, ParallelConfig
+from toolkit.tasks.train import pipeline_split
 from toolkit.train.models import build_model
-from toolkit.train.pipeline import balanced_split, layer_costs, stage_ids, stage_layers
+from toolkit.train.pipeline import stage_ids, stage_layers
 
 
-def test_balanced_split_evens_the_costliest_stage() -> None:
-    assert balanced_split(4, 2, 1.0, 0.0, 0.0) == [2, 2]
-    assert balanced_split(8, 4, 1.0, 0.0, 0.0) == [2, 2, 2, 2]
-    # A head as costly as 2.5 layers: the last stage takes fewer layers.
-    assert balanced_split(4, 2, 1.0, 0.0, 2.5) == [3, 1]
-    assert balanced_split(5, 2, 1.0, 0.0, 0.0) == [2, 3]  # ties: the first stage lighter
-    assert balanced_split(3, 3, 1.0, 9.0, 9.0) == [1, 1, 1]  # at least one layer each
+def job(*overrides: str):
+    return to_job(compose_raw(list(overrides)))
 
 
-def test_stage_layers_follow_pp_split_or_the_cost_estimate() -> None:
-    cfg = ModelConfig(num_layers=6, dim=64, vocab_size=256)
-    explicit = ParallelConfig(pp=2, pp_split=[4, 2])
-    assert stage_layers(explicit, cfg, 64) == [[0, 1, 2, 3], [4, 5]]
-    virtual = ParallelConfig(pp=2, pp_schedule="interleaved_1f1b", pp_virtual_stages=2)
-    assert [len(s) for s in stage_layers(virtual, ModelConfig(num_layers=8), 64)] == [2] * 4
+def test_stage_layers_follow_pp_split_or_the_performance_model() -> None:
+    explicit = job("parallel.pp=2", "parallel.pp_split=[4,2]", "model.num_layers=6")
+    shape = MeshShape(pp=2)
+    assert stage_layers(pipeline_split(explicit, shape)) == [[0, 1, 2, 3], [4, 5]]
+    virtual = job(
+        "parallel.pp=2",
+        "parallel.pp_schedule=interleaved_1f1b",
+        "parallel.pp_virtual_stages=2",
+        "model.num_layers=8",
+    )
+    assert [len(s) for s in stage_layers(pipeline_split(virtual, shape))] == [2] * 4
     # gpt with a 50k vocabulary: the head outweighs a small layer, the last stage is lighter
-    big_vocab = ModelConfig(num_layers=6, dim=64, vocab_size=50304)
-    block, _, head = layer_costs(big_vocab, 64)
-    assert head > block
-    split = stage_layers(ParallelConfig(pp=2), big_vocab, 64)
+    big_vocab = job("parallel.pp=2", "model.num_layers=6", "model.vocab_size=50304")
+    split = stage_layers(pipeline_split(big_vocab, shape))
     assert len(split[0]) > len(split[1])
     assert stage_ids(1, 2, 2) == [1, 3] and stage_ids(0, 4, 1) == [0]
 
@@ -55,7 +55,7 @@ def test_gpt_stages_chained_equal_the_whole_model_bitwise() -> None:
     whole = model(tokens)
     assert torch.equal(_chain(model, [[0], [1, 2], [3]], tokens), whole)
     parts = [model.part([0, 1], True, False), model.part([2, 3], False, True)]
-    assert "blocks.2.attn.qkv.weight" in parts[1].state_dict()
+    assert "blocks.2.attn.qkv_heads.weight" in parts[1].state_dict()
     assert parts[1].tok_emb is None and parts[0].head is None
     assert parts[1].blocks["2"] is model.blocks["2"]  # shared, not copied
 

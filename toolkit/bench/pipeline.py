@@ -72,12 +72,13 @@ def worker(rank: int, world: int, layout: str, settings: dict[str, Any], out: st
     import torch.distributed as dist
 
     from toolkit.config.model import ModelConfig
-    from toolkit.config.parallel import MeshShape, ParallelConfig
+    from toolkit.config.parallel import MeshShape, ParallelConfig, pipeline_stages
     from toolkit.config.precision import PrecisionConfig
     from toolkit.distributed.env import discover
     from toolkit.distributed.fsdp import parallelize
     from toolkit.distributed.init import init_distributed, shutdown_distributed
     from toolkit.distributed.mesh import build_mesh, data_parallel_mesh
+    from toolkit.perfmodel import balanced_split, layer_costs
     from toolkit.train.models import build_model
     from toolkit.train.pipeline import PipelineStep, build_pipeline
     from toolkit.train.steps import Accumulation
@@ -96,7 +97,8 @@ def worker(rank: int, world: int, layout: str, settings: dict[str, Any], out: st
     mesh = build_mesh(shape, device.type)
     totals = {"compute": 0.0, "reduce": 0.0}
     if pp > 1:
-        pipe = build_pipeline(model, mesh, shape, par, PrecisionConfig(), seq)
+        split = balanced_split(layer_costs(cfg, seq), pipeline_stages(par))
+        pipe = build_pipeline(model, mesh, shape, par, PrecisionConfig(), split)
         model = pipe.model
         strategy = PipelineStep(pipe, schedule, device, model.loss, world // pp)
         for stage in strategy.stages:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.config.job import JobConfig
-from toolkit.config.parallel import mesh_shape
+from toolkit.config.parallel import MeshShape, mesh_shape, pipeline_stages
 from toolkit.config.shape import micro_batch_size
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
@@ -25,6 +25,7 @@ from toolkit.distributed.tensor_parallel import apply_tensor_parallel, loss_cont
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
+from toolkit.perfmodel import balanced_split, layer_costs
 from toolkit.telemetry.heartbeat import Heartbeat
 from toolkit.telemetry.profiler import ProfileHook, profiling_configured
 from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
@@ -145,6 +146,23 @@ def build_loaders(
     return loader, Loader(sources["val"], val_plan, prefetch=0, split="val"), None
 
 
+def pipeline_split(job: JobConfig, shape: MeshShape) -> list[int]:
+    """Layers per pipeline stage: parallel.pp_split, or balanced on the performance model's
+    per-layer cost (the embedding on the first stage, head and loss on the last)."""
+    if job.parallel.pp_split:
+        return list(job.parallel.pp_split)
+    costs = layer_costs(
+        job.model,
+        job.data.seq_len,
+        job.hardware,
+        micro_batch_size=micro_batch_size(job.trainer, shape.dp),
+        dtype=job.precision.param_dtype,
+        tp=shape.tp,
+        recompute=job.parallel.activation_checkpointing,
+    )
+    return balanced_split(costs, pipeline_stages(job.parallel))
+
+
 def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
     torch.manual_seed(job.seed)
     model = build_model(job.model)
@@ -159,8 +177,9 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     record_layout(shape, device, run_dir / "mesh.json")
     pipe = None
     if shape.pp > 1:  # this rank's stages: tensor parallel, then sharded over the dp dims
+        split = pipeline_split(job, shape)
         pipe = build_pipeline(
-            model, mesh, shape, job.parallel, job.precision, job.data.seq_len, job.model.kind
+            model, mesh, shape, job.parallel, job.precision, split, job.model.kind
         )
         model = pipe.model
     else:

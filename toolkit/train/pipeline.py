@@ -27,8 +27,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
-from toolkit.config.model import ModelConfig
-from toolkit.config.parallel import MeshShape, ParallelConfig, pipeline_stages
+from toolkit.config.parallel import MeshShape, ParallelConfig
 from toolkit.config.precision import PrecisionConfig
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.fsdp import clip_grad_norm_, parallelize
@@ -47,52 +46,9 @@ HEADER = 8  # int64s: ndim, up to 6 sizes, dtype code
 
 
 # -- which layers go where ------------------------------------------------------------------
-def layer_costs(cfg: ModelConfig, seq_len: int) -> tuple[float, float, float]:
-    """Forward FLOPs per token of one transformer layer, of the input modules and of the
-    output modules (final norm and head). A stand-in for the performance model's per-layer
-    cost: matmuls 2 x params, attention scores and values 4 x seq x dim."""
-    d = cfg.dim
-    hidden = int(d * cfg.mlp_ratio)
-    block = 2 * (4 * d * d + 2 * d * hidden) + 4 * seq_len * d
-    if cfg.kind == "gpt":
-        first, out = 0.0, cfg.vocab_size  # the embeddings are lookups
-    else:
-        first, out = 2.0 * cfg.num_series * d, cfg.num_targets or cfg.num_series
-    return float(block), first, 2.0 * d * out
-
-
-def balanced_split(num_layers: int, stages: int, block: float, first: float, last: float):
-    """Layers per stage (each >= 1, consecutive) minimising the costliest stage, where the
-    first stage also pays `first` and the last `last`. Exact (dynamic programming over
-    split points); ties make earlier stages the lighter ones (under 1F1B the first stage
-    keeps the most micro-batches' activations)."""
-    inf = float("inf")
-
-    def cost(stage: int, n: int) -> float:
-        return n * block + (first if stage == 0 else 0.0) + (last if stage == stages - 1 else 0.0)
-
-    # best[s][i]: the lowest max cost of stages s.. holding layers i..; choice: layers in s
-    best = [[inf] * (num_layers + 1) for _ in range(stages + 1)]
-    choice = [[0] * (num_layers + 1) for _ in range(stages + 1)]
-    best[stages][num_layers] = 0.0
-    for s in range(stages - 1, -1, -1):
-        for i in range(num_layers - 1, -1, -1):
-            for n in range(1, num_layers - i + 1):  # ties: the earlier stage lighter
-                tail = best[s + 1][i + n]
-                value = max(cost(s, n), tail)
-                if value < best[s][i]:
-                    best[s][i], choice[s][i] = value, n
-    split, i = [], 0
-    for s in range(stages):
-        split.append(choice[s][i])
-        i += choice[s][i]
-    return split
-
-
-def stage_layers(par: ParallelConfig, cfg: ModelConfig, seq_len: int) -> list[list[int]]:
-    """The layer indices of every stage, from parallel.pp_split or balanced by cost."""
-    stages = pipeline_stages(par)
-    split = list(par.pp_split) or balanced_split(cfg.num_layers, stages, *layer_costs(cfg, seq_len))
+def stage_layers(split: list[int]) -> list[list[int]]:
+    """The layer indices of every stage from the layers per stage (parallel.pp_split, or the
+    performance model's balanced split: toolkit.tasks.train.pipeline_split)."""
     out, start = [], 0
     for n in split:
         out.append(list(range(start, start + n)))
@@ -131,7 +87,7 @@ def build_pipeline(
     shape: MeshShape,
     par: ParallelConfig,
     precision: PrecisionConfig,
-    seq_len: int,
+    split: list[int],
     model_kind: str = "gpt",
 ) -> Pipeline:
     """Keep this rank's stages of `model` (the rest is dropped), split them over the tp
@@ -141,7 +97,7 @@ def build_pipeline(
     (its embeddings or norm and head). Parameters stay where they are (CPU, or meta with
     parallel.meta_init)."""
     pp_rank = mesh["pp"].get_local_rank()
-    layers = stage_layers(par, model.cfg, seq_len)
+    layers = stage_layers(split)
     ids = stage_ids(pp_rank, shape.pp, par.pp_virtual_stages)
     num_stages = len(layers)
     mine = sorted(i for s in ids for i in layers[s])
