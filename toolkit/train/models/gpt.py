@@ -17,8 +17,11 @@ from toolkit.train.models.stages import StagedModel
 
 
 def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy (in float32 whatever the compute dtype)."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    """Mean next-token cross-entropy (in float32 whatever the compute dtype). Logits sharded
+    over the vocabulary (a DTensor, tensor parallelism) give a replicated DTensor loss under
+    loss_parallel(): returned as a plain tensor, the same on every tp rank."""
+    loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    return loss.to_local().clone() if isinstance(loss, DTensor) else loss
 
 
 class GPT(StagedModel):
