@@ -69,35 +69,67 @@ def is_down(state: str) -> bool:
 
 
 def attempts(job_id: str, attempt: int, wait_s: float = 0.0) -> list[list[str]]:
-    """sacct's [State, NodeList] of every attempt of the job; waits up to wait_s for
-    accounting to record attempt `attempt` as ended (slurmdbd lags a moment)."""
+    """sacct's [State, NodeList, Start, End] of every attempt of the job; waits up to wait_s
+    for accounting to record attempt `attempt` as ended (slurmdbd lags a moment)."""
     deadline = time.monotonic() + wait_s
+    fields = "State,NodeList,Start,End"
     while True:
         try:
-            cmd = ("sacct", "-n", "-D", "-X", "-P", "-j", job_id, "-o", "State,NodeList")
-            out = _run(*cmd).stdout
+            out = _run("sacct", "-n", "-D", "-X", "-P", "-j", job_id, "-o", fields).stdout
         except (OSError, subprocess.SubprocessError):
             return []
-        rows = [line.split("|") for line in out.splitlines() if "|" in line]
+        rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
         ended = attempt < len(rows) and rows[attempt][0] not in ("RUNNING", "PENDING", "")
         if ended or time.monotonic() >= deadline:
             return rows
         time.sleep(0.5)
 
 
+def node_down_events(nodes: list[str], start: str, end: str) -> dict[str, str]:
+    """{node: reason} of the nodes that Slurm's accounting saw go down, drained or failed
+    between start and end (+60 s): the record survives the node's return to service."""
+    try:
+        out = _run("sacctmgr", "-n", "-P", "show", "event", f"Nodes={','.join(nodes)}",
+                   f"Start={start}", "format=NodeName,State,Reason,TimeStart").stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    limit = _slurm_time(end)
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) != 4 or parts[0] not in nodes:
+            continue
+        when = _slurm_time(parts[3])
+        if limit is not None and when is not None and when > limit + 60:
+            continue
+        if parts[1].upper().startswith(("DOWN", "FAIL", "DRAIN")):
+            found.setdefault(parts[0], parts[2] or parts[1])
+    return found
+
+
+def _slurm_time(text: str) -> float | None:
+    from toolkit.executors.preemption import parse_slurm_time
+
+    return parse_slurm_time(text)
+
+
 def node_fail(job_id: str, attempt: int, wait_s: float = 0.0) -> list[BadNode]:
     """When accounting reports attempt `attempt` of the job as NODE_FAIL: the nodes of that
-    attempt Slurm holds down, drained or not responding now (the ones that failed)."""
+    attempt that went down meanwhile (Slurm's node events), or that are down, drained or not
+    responding now."""
     rows = attempts(job_id, attempt, wait_s)
     if attempt >= len(rows) or not rows[attempt][0].startswith("NODE_FAIL"):
         return []
-    nodes = hostnames(rows[attempt][1])
+    _, nodelist, start, end = rows[attempt]
+    nodes = hostnames(nodelist)
+    events = node_down_events(nodes, start, end)
     states = node_states(nodes=nodes)
-    down = [n for n in nodes if is_down(states.get(n, "down"))]
+    down = [n for n in nodes if n in events or is_down(states.get(n, "down"))]
     if not down:
-        log.warning("job %s attempt %d: NODE_FAIL, but none of %s is down now", job_id, attempt,
+        log.warning("job %s attempt %d: NODE_FAIL, but none of %s went down", job_id, attempt,
                     ",".join(nodes))  # fmt: skip
-    return [BadNode(n, f"NODE_FAIL ({states.get(n, 'unknown')})", attempt, "slurm") for n in down]
+    why = {n: f"node down: {events[n]}" if n in events else f"node {states.get(n)}" for n in down}
+    return [BadNode(n, f"NODE_FAIL, {why[n]}", attempt, "slurm") for n in down]
 
 
 @dataclass(frozen=True)
@@ -254,8 +286,6 @@ class RequeueWatch:
             return
         if not decision.schedulable:
             self.stopped = decision
-        elif decision.added:
-            print(f"job {self.job_id}: {decision.message}", flush=True)
 
     def after_failure(self, restarts: int) -> bool:
         """The job ended FAILED after `restarts` requeues: requeue it without a node that
