@@ -183,3 +183,33 @@ def test_exclusion_that_would_leave_too_few_nodes_stops_the_job_with_one_line(
              "accounting to show the job cancelled")  # fmt: skip
     assert events(run_dir, "restart") == []
     assert not (run_dir / "excluded_nodes.json").exists()
+
+
+def has_hang_injection() -> bool:
+    from toolkit.config.fault import FaultConfig
+
+    fields = FaultConfig.__dataclass_fields__
+    return all(f in fields for f in ("hang_at_step", "hang_rank", "hang_timeout_s"))
+
+
+@pytest.mark.skipif(
+    not has_hang_injection(), reason="needs the hang watchdog (fault.hang_at_step, hang_rank)"
+)
+def test_a_rank_hung_on_n2_requeues_the_job_without_n2_and_it_resumes_bitwise(
+    slurm_cluster, tmp_path, expected
+):
+    """Rank 1 (on n2) hangs in a collective after step 12: the watchdog ends the attempt,
+    its summary names n2 as the stuck host, the requeue leaves n2 out."""
+    run_dir = tmp_path / "hang"
+    env = dict(slurm_cluster.env, PYTHONPATH=str(REPO))
+    faults = ["fault.hang_at_step=12", "fault.hang_rank=1", "fault.hang_timeout_s=20"]
+    done = subprocess.run(
+        command(run_dir, *faults), env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
+    assert attempts(slurm_cluster, job_id)[-1] == ("COMPLETED", "n[1,3]")
+    (entry,) = json.loads((run_dir / "excluded_nodes.json").read_text())["nodes"]
+    assert (entry["node"], entry["source"], entry["attempt"]) == ("n2", "hang", 0)
+    assert entry["reason"].startswith("hang: ranks 1 stuck")
+    assert losses(run_dir) == expected

@@ -213,13 +213,21 @@ def act(run_dir: Path, job_id: str, decision: Decision) -> None:
 
 
 def requeue_with_exclusion(
-    run_dir: Path, job_id: str, attempt: int, shape: JobShape, extra: list[BadNode] | None = None
+    run_dir: Path,
+    job_id: str,
+    attempt: int,
+    shape: JobShape,
+    extra: list[BadNode] | None = None,
+    since: float | None = None,
 ) -> tuple[bool, Decision]:
     """In-job requeue (preemption, hang): decide; when the job can still be scheduled,
-    `scontrol requeue` it and set the exclude list with StartTime=now. (requeued, decision)"""
+    `scontrol requeue` it and set the exclude list with StartTime=now. (requeued, decision)
+
+    The call point after a hang: `extra` may carry the hang's own evidence; else the
+    newest hang summary written at or after `since` (the attempt's start) is read."""
     from toolkit.executors.preemption import requeue
 
-    decision = plan(run_dir, job_id, attempt, shape, extra)
+    decision = plan(run_dir, job_id, attempt, shape, extra, since)
     if not decision.schedulable:
         log.error("job %s: %s", job_id, decision.message)
         return False, decision
