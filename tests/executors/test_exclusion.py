@@ -75,3 +75,9 @@ def test_several_bad_nodes_at_once_are_named_in_one_line():
 def test_hostnames_reads_slurm_host_lists():
     assert hostnames("n[1-3],gpu7") == ["n1", "n2", "n3", "gpu7"]
     assert hostnames("(null)") == hostnames(None) == hostnames("") == []
+
+
+def test_an_unknown_partition_state_does_not_stop_the_requeue():
+    # sinfo did not answer: the bad node is still left out, the count is not held against it.
+    d = decide([bad("n2")], ["n3"], None, job_nodes=2)
+    assert d.schedulable and d.exclude == ["n2", "n3"]

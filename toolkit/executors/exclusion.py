@@ -44,7 +44,7 @@ def hostnames(spec: str | None) -> list[str]:
 def decide(
     bad: list[BadNode],
     excluded: list[str],
-    usable: list[str],
+    usable: list[str] | None,
     job_nodes: int,
     enabled: bool = True,
 ) -> Decision:
@@ -52,7 +52,8 @@ def decide(
 
     bad: the evidence (several entries for one node keep the first reason).
     excluded: nodes the job already leaves out (ExcNodeList, cluster.exclude).
-    usable: the partition's nodes that can run jobs now (not down, drained or failed).
+    usable: the partition's nodes that can run jobs now (not down, drained or failed);
+        None when Slurm could not say (the exclusion is then not held back by a count).
     job_nodes: how many nodes the job asks for.
     enabled: fault.exclude_nodes; False keeps the exclude list as it is.
     """
@@ -69,8 +70,8 @@ def decide(
             current, [], True, f"fault.exclude_nodes=false: not excluding {names}", ignored=new
         )
     proposed = sorted(set(current) | {b.node for b in new})
-    left = sorted(set(usable) - set(proposed))
-    if len(left) < job_nodes:
+    left = sorted(set(usable or ()) - set(proposed))
+    if usable is not None and len(left) < job_nodes:
         where = ", ".join(left) if left else "none"
         return Decision(
             current,

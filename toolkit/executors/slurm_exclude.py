@@ -176,8 +176,11 @@ def plan(
     partition = shape.partition or fields.get("Partition") or None
     states = node_states(partition)
     bad = [*(extra or []), *evidence(run_dir, job_id, attempt, since, wait_s)]
-    return decide(bad, already, [n for n, s in states.items() if usable(s)], shape.nodes,
-                  shape.enabled)  # fmt: skip
+    # sinfo not answering: the count of usable nodes is unknown, not zero.
+    up = [n for n, s in states.items() if usable(s)] if states else None
+    if up is None:
+        log.warning("job %s: sinfo did not list partition %s's nodes", job_id, partition)
+    return decide(bad, already, up, shape.nodes, shape.enabled)
 
 
 def set_exclude(job_id: str, exclude: list[str], start_now: bool = True, tries: int = 6) -> bool:
