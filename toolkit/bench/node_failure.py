@@ -26,7 +26,7 @@ from pathlib import Path
 
 # Measured on the 2-vCPU dev VM (see docs/BENCHMARKS.md); Slurm alone, without StartTime=now,
 # holds a requeued job ~120 s before it may start.
-BASELINE_FAIL_TO_FIRST_STEP_S = 20.5
+BASELINE_FAIL_TO_FIRST_STEP_S = 16.7
 SLURM_REQUEUE_HOLD_S = 120.0
 
 OVERRIDES = [
@@ -72,7 +72,9 @@ def one(run_dir: Path) -> dict[str, float]:
     if launcher.returncode != 0:
         raise RuntimeError(f"the job failed:\n{err[-2000:]}")
     decided = json.loads((run_dir / "excluded_nodes.json").read_text())["nodes"][0]["time"]
-    records = [json.loads(x) for x in (run_dir / "metrics" / "rank0.jsonl").read_text().split()]
+    records = [
+        json.loads(x) for x in (run_dir / "metrics" / "rank0.jsonl").read_text().splitlines()
+    ]
     resumed = next(r for r in records if r["wall_time"] > failed_at and r["step"] == 6)
     started = resumed["wall_time"] - resumed["step_time_s"]
     return {
