@@ -213,3 +213,40 @@ def test_a_rank_hung_on_n2_requeues_the_job_without_n2_and_it_resumes_bitwise(
     assert (entry["node"], entry["source"], entry["attempt"]) == ("n2", "hang", 0)
     assert entry["reason"].startswith("hang: ranks 1 stuck")
     assert losses(run_dir) == expected
+
+
+def test_a_straggler_marked_for_exclusion_is_left_out_at_the_next_requeue(
+    slurm_cluster, tmp_path, expected
+):
+    """Rank 1 (on n2) is slow every step; with exclude_on_requeue the live score marks n2.
+    The job keeps running until it is preempted (USR2); its requeue leaves n2 out."""
+    run_dir = tmp_path / "straggler"
+    env = dict(slurm_cluster.env, PYTHONPATH=str(REPO))
+    faults = [
+        "fault.straggler_rank=1",
+        "fault.straggler_sleep_s=0.3",
+        "fault.straggler_window_steps=3",
+        "fault.straggler_windows=2",
+        "fault.straggler_action=exclude_on_requeue",
+    ]
+    launcher = subprocess.Popen(
+        command(run_dir, *faults), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: events(run_dir, "straggler"), 180, "the straggler event")
+        job_id = json.loads((run_dir / "slurm.json").read_text())["job_id"]
+        assert slurm_cluster.run("scancel", "--signal=USR2", job_id).returncode == 0
+        out, err = launcher.communicate(timeout=420)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 0, out + err
+    straggler = events(run_dir, "straggler")[0]["attrs"]
+    assert (straggler["straggler_rank"], straggler["node"]) == (1, "n2")
+    preemption = events(run_dir, "preemption")[0]["attrs"]
+    assert preemption["requeued"] is True and preemption["excluded_nodes"] == ["n2"]
+    assert "excluding n2 (straggler: " in preemption["requeue_decision"]
+    assert attempts(slurm_cluster, job_id)[-1] == ("COMPLETED", "n[1,3]")
+    (entry,) = json.loads((run_dir / "excluded_nodes.json").read_text())["nodes"]
+    assert (entry["node"], entry["source"], entry["attempt"]) == ("n2", "straggler", 0)
+    assert losses(run_dir) == expected
