@@ -250,3 +250,39 @@ def test_a_straggler_marked_for_exclusion_is_left_out_at_the_next_requeue(
     (entry,) = json.loads((run_dir / "excluded_nodes.json").read_text())["nodes"]
     assert (entry["node"], entry["source"], entry["attempt"]) == ("n2", "straggler", 0)
     assert losses(run_dir) == expected
+
+
+def test_a_detached_jobs_next_attempt_records_the_node_failure_itself(
+    slurm_cluster, tmp_path, n2_back
+):
+    """No launcher follows a detached job: Slurm requeues it after NODE_FAIL, and rank 0 of
+    the next attempt finds the failed node and records it for the next requeue."""
+    run_dir = tmp_path / "detached"
+    env = dict(slurm_cluster.env, PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        command(run_dir, "launch.detach=true", *HOLD), env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
+    ckpt = run_dir / "checkpoints"
+    held = lambda: (ckpt / "step-00000005").is_dir() and (ckpt / "step-00000010.tmp").is_dir()  # noqa: E731
+    wait_for(held, 180, "the job to hold at its step-10 save")
+    down = slurm_cluster.run("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=detached")
+    assert down.returncode == 0, down.stderr
+    # Slurm holds the requeued job ~120 s; a user in a hurry (this test) releases it.
+    pending = lambda: "Restarts=1" in slurm_cluster.run("scontrol", "show", "job", job_id).stdout  # noqa: E731
+    wait_for(pending, 120, "Slurm's requeue after NODE_FAIL")
+    wait_for(
+        lambda: slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        .returncode == 0, 60, "the requeued job to take StartTime=now",
+    )  # fmt: skip
+    wait_for(lambda: attempts(slurm_cluster, job_id)[-1][0] == "COMPLETED", 300, "completion")
+    (entry,) = json.loads((run_dir / "excluded_nodes.json").read_text())["nodes"]
+    assert (entry["node"], entry["source"], entry["attempt"]) == ("n2", "slurm", 0)
+    assert entry["reason"] == "NODE_FAIL, node down: detached"
+    (excluded,) = events(run_dir, "node_excluded")
+    assert excluded["attrs"]["node"] == "n2" and excluded["attrs"]["failed_attempt"] == 0
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert f"job {job_id} attempt 0: excluding n2 (NODE_FAIL" in log
+    assert "from the next requeue on" in log
