@@ -1,9 +1,10 @@
 """Shared helpers: run the real CLI as a user would, and read what it left in the run dir;
-the `slurm_cluster` fixture (a real two-node Slurm cluster on loopback) for the tests marked
+the `slurm_cluster` fixture (a real three-node Slurm cluster on loopback) for the tests marked
 `slurm`, wherever their code lives; a shell's NCCL variables kept out of the tests that ask.
 
-The cluster is started once per test session with `scripts/dev-cluster up`
-(a quick no-op when it already runs). Where it cannot be started (not root,
+The cluster is started once per test session with `scripts/dev-cluster up --nodes 3`
+(a quick no-op when it already runs): jobs take two nodes, and a third one lets a job that
+lost a node be requeued without it. Where it cannot be started (not root,
 no apt-get) the Slurm tests are skipped with the reason, except under CI=true,
 where they fail: CI must never pass by skipping its cluster tests.
 """
@@ -24,6 +25,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
 UP_TIMEOUT_S = 300  # a first `up` may apt-get install Slurm, munge and MariaDB
+CLUSTER_NODES = 3
 
 
 def launch(
@@ -98,7 +100,7 @@ class SlurmCluster:
 
     script: Path
     env: dict[str, str]  # os.environ plus the exports of `dev-cluster env`
-    node_names: list[str] = field(default_factory=lambda: ["n1", "n2"])
+    node_names: list[str] = field(default_factory=lambda: ["n1", "n2", "n3"])
     partition: str = "debug"
 
     def run(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -137,7 +139,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         _unavailable("scripts/dev-cluster up needs root")
     try:
         proc = subprocess.run(
-            [str(DEV_CLUSTER), "up"],
+            [str(DEV_CLUSTER), "up", "--nodes", str(CLUSTER_NODES)],
             check=False,
             capture_output=True,
             text=True,

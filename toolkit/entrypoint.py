@@ -51,6 +51,18 @@ def fail_with_one_line(exc: UserError, rank: int, run_dir: Path, log: logging.Lo
     os._exit(exc.exit_code)
 
 
+def mark_bad_node(run_dir: Path, text: str) -> None:
+    """A hardware error (uncorrectable ECC, XID, ...) marks this rank's node as bad, for
+    the requeue to leave out (toolkit.executors.badnodes)."""
+    try:
+        from toolkit.distributed.env import restart_count
+        from toolkit.executors.badnodes import note_rank_failure
+
+        note_rank_failure(run_dir, text, restart_count())
+    except Exception:  # noqa: BLE001, S110 - the rank is failing already: its error comes first
+        pass
+
+
 def run_rank(run_dir: Path) -> int:
     from toolkit.config.compose import load_job
     from toolkit.distributed.env import discover
@@ -83,6 +95,7 @@ def run_rank(run_dir: Path) -> int:
         log.error("rank %d failed: %s: %s\n%s", env.rank, type(exc).__name__, exc, text)
         try:
             (run_dir / "logs" / f"error-rank{env.rank}.txt").write_text(text)
+            mark_bad_node(run_dir, text)
         finally:
             logging.shutdown()
         code = (

@@ -234,7 +234,7 @@ def test_more_nodes_than_exist_is_rejected_and_nothing_stays_queued(slurm_cluste
         slurm_cluster,
         *TINY,
         "cluster=slurm",
-        "cluster.nodes=3",
+        f"cluster.nodes={len(slurm_cluster.node_names) + 1}",
         f"cluster.job_name={name}",
         f"hydra.run.dir={tmp_path}",
     )

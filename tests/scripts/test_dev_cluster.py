@@ -1,4 +1,5 @@
-"""The dev cluster behaves like a small real Slurm cluster: two nodes, sbatch, srun, sacct."""
+"""The dev cluster behaves like a small real Slurm cluster: three nodes (the tests' fixture
+asks for them; `up --nodes N`), sbatch, srun, sacct."""
 
 from __future__ import annotations
 
@@ -30,10 +31,16 @@ def sacct_state(cluster, job_id: str, timeout_s: float = 20) -> str:
     return state
 
 
-def test_both_nodes_are_idle_in_the_default_partition(slurm_cluster):
+def test_every_node_is_idle_in_the_default_partition(slurm_cluster):
     out = slurm_cluster.run("sinfo", "-h", "-N", "-o", "%N %P %t").stdout.split("\n")
     rows = sorted(line.split() for line in out if line)
-    assert rows == [["n1", "debug*", "idle"], ["n2", "debug*", "idle"]]
+    assert rows == [["n1", "debug*", "idle"], ["n2", "debug*", "idle"], ["n3", "debug*", "idle"]]
+
+
+def test_a_three_node_step_runs_one_task_on_each_node(slurm_cluster):
+    proc = slurm_cluster.run("srun", "-N3", "printenv", "SLURMD_NODENAME")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.split()) == ["n1", "n2", "n3"]
 
 
 def test_a_two_node_step_runs_one_task_on_each_node(slurm_cluster):
@@ -80,6 +87,13 @@ def test_sacct_reports_a_failing_job_as_failed(slurm_cluster, tmp_path: Path):
     assert sacct_state(slurm_cluster, proc.stdout.strip()) == "FAILED"
 
 
+@pytest.mark.parametrize("count", ["0", "17", "two"])
+def test_up_refuses_a_node_count_out_of_range(count):
+    up = subprocess.run([DEV_CLUSTER, "up", "--nodes", count], capture_output=True, text=True)
+    assert up.returncode == 1
+    assert f"node count '{count}': must be a whole number from 1 to 16" in up.stderr
+
+
 def test_up_twice_is_a_quick_no_op(slurm_cluster):
     started = time.monotonic()
     proc = slurm_cluster.run(str(slurm_cluster.script), "up")
@@ -100,6 +114,7 @@ def test_status_reports_healthy(slurm_cluster):
         "slurmctld",
         "slurmd-n1",
         "slurmd-n2",
+        "slurmd-n3",
     }
 
 
@@ -140,8 +155,22 @@ def test_a_second_cluster_starts_from_nothing_and_down_leaves_no_daemon(slurm_cl
         )
         for name in ("munge.key", "slurmdbd.pass"):
             assert own[name][2] != shared[name][2], f"{name} is the shared cluster's"
+        # Grown to three nodes: slurmctld and the slurmds restart with the new node list.
+        up = subprocess.run(
+            [script, "up", "--nodes", "3"], env=env, capture_output=True, text=True, timeout=180
+        )
+        assert up.returncode == 0 and "node count 2 -> 3" in up.stderr, up.stderr
+        step = subprocess.run(
+            ["srun", "-N3", "printenv", "SLURMD_NODENAME"],
+            env=second, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert sorted(step.stdout.split()) == ["n1", "n2", "n3"], step.stderr
+        # Without --nodes, 'up' keeps the count the state dir has.
+        again = subprocess.run([script, "up"], env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and "already up" in again.stderr, again.stderr
         pids = [int(p.read_text()) for p in state_dir.rglob("*.pid")]
-        assert len(pids) == 6  # munged, mariadbd, slurmdbd, slurmctld, slurmd x2
+        live = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        assert len(live) == 7  # munged, mariadbd, slurmdbd, slurmctld, slurmd x3
         down = subprocess.run([script, "down"], env=env, capture_output=True, text=True, timeout=60)
         assert down.returncode == 0, down.stderr
         assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []

@@ -43,6 +43,23 @@ class FaultConfig:
     hang_at_step: int | None = None
     hang_rank: int = 0
     hang_where: str = "collective"
+    # The rank(s) on this node (Slurm's node name, else the host name) fail at fail_at_step
+    # (default: the first step) with a hardware-like error (uncorrectable ECC): a bad node.
+    fail_node: str | None = None
+
+    # Bad nodes (not injections): a requeue leaves out the node that failed the attempt
+    # (NODE_FAIL, a hardware error, XID/uncorrectable ECC in telemetry, a hang's stuck host).
+    exclude_nodes: bool = True
+    # The live straggler score: a rank whose median `compute_s` over a window of
+    # straggler_window_steps steps exceeds the median of the other ranks' by straggler_margin
+    # (0.2: 20 % slower) for straggler_windows consecutive windows is a straggler: an event and
+    # a log line; exclude_on_requeue also marks its node to be left out at the next requeue.
+    straggler_action: str = "warn"  # off | warn | exclude_on_requeue
+    straggler_margin: float = 0.2
+    straggler_windows: int = 3
+    straggler_window_steps: int = 10
+
+    STRAGGLER_ACTIONS = ("off", "warn", "exclude_on_requeue")
 
 
 def problems(cfg: FaultConfig) -> list[str]:
@@ -79,4 +96,17 @@ def problems(cfg: FaultConfig) -> list[str]:
         p.append(f"fault.hang_rank={cfg.hang_rank}: must be >= 0")
     if cfg.hang_where not in HANG_WHERE:
         p.append(f"fault.hang_where={cfg.hang_where!r}: must be one of {', '.join(HANG_WHERE)}")
+    if cfg.fail_node is not None and not cfg.fail_node.strip():
+        p.append("fault.fail_node='': name a node (e.g. n2) or leave it null")
+    if cfg.straggler_action not in cfg.STRAGGLER_ACTIONS:
+        p.append(
+            f"fault.straggler_action={cfg.straggler_action}: must be one of "
+            + ", ".join(cfg.STRAGGLER_ACTIONS)
+        )
+    if not cfg.straggler_margin > 0:
+        p.append(f"fault.straggler_margin={cfg.straggler_margin}: must be > 0 (0.2 is 20 %)")
+    if cfg.straggler_windows < 1:
+        p.append(f"fault.straggler_windows={cfg.straggler_windows}: must be >= 1")
+    if cfg.straggler_window_steps < 1:
+        p.append(f"fault.straggler_window_steps={cfg.straggler_window_steps}: must be >= 1")
     return p

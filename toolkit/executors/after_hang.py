@@ -1,19 +1,27 @@
 """What happens to the job after a hang: the one call point the hang watchdog makes once
 the evidence is on disk (toolkit.telemetry.watchdog), before it ends the local ranks.
 
-Today: under Slurm, requeue the job (`preemption.requeue`) while `checkpoint.max_restarts`
-allows, so that it resumes from its last committed checkpoint. The choice of nodes to leave
-out at the requeue (the summary's `stuck_hosts`) extends this function.
+Under Slurm, while `checkpoint.max_restarts` allows, the job is requeued to resume from its
+last committed checkpoint, leaving out the node the hang summary names as stuck
+(toolkit.executors.slurm_exclude: the same decision as for a failed node, which never
+excludes so many nodes that the job could not be scheduled; then the job ends instead).
+
+The watchdog runs it as its own process (`python -m toolkit.executors.after_hang`, a JSON
+request on stdin, a JSON answer on stdout, under a time limit): job control stays out of the
+telemetry agent, and a stuck `scontrol` or a crash here cannot keep the agent from ending the
+hung ranks.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
 from toolkit.distributed.env import restart_count
-from toolkit.executors.preemption import requeue
+from toolkit.executors.slurm_exclude import JobShape, requeue_with_exclusion
 
 log = logging.getLogger(__name__)
 
@@ -25,17 +33,53 @@ def after_hang(
     slurm_job_id: str | None,
     requeue_enabled: bool,
     max_restarts: int,
+    shape: JobShape | None = None,
 ) -> str:
-    """Act on a hang described by `summary` (toolkit.fault.hang); returns what was done, in
-    a few words, for the summary's `action` and the log."""
-    if slurm_job_id is None:
+    """Act on a hang described by `summary` (toolkit.fault.hang, already on disk); returns
+    what was done, in a few words, for the summary's `action` and the log. `shape`: what the
+    exclusion decision needs of the job (None: a one-node job, no exclude list)."""
+    job_id = slurm_job_id
+    if job_id is None:
         return "ended (not a Slurm job: nothing to requeue)"
     if not requeue_enabled:
         return "ended (checkpoint.requeue=false or checkpointing off)"
     restarts = restart_count()
     if restarts >= max_restarts:
         return f"ended: restarted {restarts} times (checkpoint.max_restarts={max_restarts})"
-    if requeue(slurm_job_id):
-        log.warning("hang: requeued job %s (restart %d)", slurm_job_id, restarts + 1)
-        return f"requeued job {slurm_job_id} (restart {restarts + 1} of {max_restarts})"
-    return f"ended: scontrol requeue {slurm_job_id} failed"
+    shape = shape or JobShape(nodes=1)
+    since = float(summary.get("time_unix") or 0.0) - 1.0  # this hang's summary, not older ones
+    requeued, decision = requeue_with_exclusion(run_dir, job_id, restarts, shape, since=since)
+    if not decision.schedulable:
+        return f"ended: {decision.message}"
+    if not requeued:
+        return f"ended: scontrol requeue {job_id} failed"
+    left_out = f", without {','.join(decision.exclude)}" if decision.exclude else ""
+    log.warning("hang: requeued job %s (restart %d)%s", job_id, restarts + 1, left_out)
+    return f"requeued job {job_id} (restart {restarts + 1} of {max_restarts}){left_out}"
+
+
+def main() -> int:
+    """The watchdog's call: {"run_dir", "summary", "slurm_job_id", "requeue", "max_restarts",
+    "nodes", "exclude", "partition", "exclude_nodes"} on stdin -> {"action": ...} on stdout."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    request = json.loads(sys.stdin.read())
+    shape = JobShape(
+        int(request["nodes"]),
+        request.get("exclude"),
+        request.get("partition"),
+        bool(request["exclude_nodes"]),
+    )
+    action = after_hang(
+        Path(request["run_dir"]),
+        dict(request["summary"]),
+        slurm_job_id=request.get("slurm_job_id"),
+        requeue_enabled=bool(request["requeue"]),
+        max_restarts=int(request["max_restarts"]),
+        shape=shape,
+    )
+    print(json.dumps({"action": action}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,8 +21,9 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from toolkit.distributed.env import restart_count
 from toolkit.errors import EXIT_PREEMPTED, EXIT_SAVE_FAILED
@@ -33,6 +34,9 @@ from toolkit.hooks import (
     Stop,
     TrainerView,
 )
+
+if TYPE_CHECKING:
+    from toolkit.executors.slurm_exclude import JobShape
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +115,10 @@ def classify(end_unix: float | None, now_unix: float, lead_s: float, slack_s: fl
     return "preemption"
 
 
-def requeue(job_id: str) -> bool:
+def requeue(job_id: str, exclude: list[str] | None = None) -> bool:
     """`scontrol requeue` the job, then make it eligible now (Slurm otherwise delays a
-    requeued job's start by ~120 s). Returns whether the requeue itself succeeded."""
+    requeued job's start by ~120 s), with `exclude` as its ExcNodeList when given (Slurm
+    takes it only while the job is pending). Returns whether the requeue itself succeeded."""
     try:
         subprocess.run(
             ["scontrol", "requeue", job_id], check=True, capture_output=True, text=True, timeout=30
@@ -122,9 +127,11 @@ def requeue(job_id: str) -> bool:
         detail = getattr(exc, "stderr", "") or exc
         log.error("scontrol requeue %s failed: %s", job_id, detail)
         return False
+    update = ["scontrol", "update", f"JobId={job_id}"]
+    update += [f"ExcNodeList={','.join(exclude)}"] if exclude else []
     for attempt in range(5):
         done = subprocess.run(
-            ["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+            [*update, "StartTime=now"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -133,9 +140,7 @@ def requeue(job_id: str) -> bool:
             break
         time.sleep(1.0 + attempt)  # the job may still be completing
     else:
-        log.warning(
-            "scontrol update JobId=%s StartTime=now failed: %s", job_id, done.stderr.strip()
-        )
+        log.warning("%s StartTime=now failed: %s", " ".join(update), done.stderr.strip())
     return True
 
 
@@ -160,6 +165,10 @@ class RequeuePolicy:
     requeue: bool = True  # checkpoint.requeue
     max_restarts: int = 10  # checkpoint.max_restarts
     slurm_job_id: str | None = None  # None: not started by Slurm, nothing to requeue
+    # Where bad-node evidence and excluded_nodes.json live, and what the exclusion decision
+    # needs of the job (toolkit.executors.slurm_exclude); None: requeue without exclusion.
+    run_dir: Path | None = None
+    shape: JobShape | None = None
 
 
 class PreemptionHook(Hook):
@@ -175,6 +184,7 @@ class PreemptionHook(Hook):
         self.num_votes = len(self.signals)
         self.flag: SignalFlag | None = None
         self._received: str | None = None
+        self.exclusion: Any = None  # the exclusion decision of this hook's requeue, if any
 
     def on_start(self, trainer: TrainerView) -> None:
         self.flag = SignalFlag(self.signals)
@@ -216,6 +226,9 @@ class PreemptionHook(Hook):
             "requeue_decision": why,
             "restart_count": restart_count(),
         }
+        if self.exclusion is not None:
+            attrs["excluded_nodes"] = self.exclusion.exclude
+            attrs["exclusion"] = self.exclusion.message
         self.sink.write_event(
             Event("preemption", t0, time.time(), trainer.step, trainer.rank, attrs)
         )
@@ -262,12 +275,27 @@ class PreemptionHook(Hook):
         elif status.latest_step is None:
             why = f"{saved}: not requeueing job {job_id}, it would start from scratch"
         else:
-            requeued = requeue(job_id)
-            why = f"{saved}; job {job_id} requeued={requeued}"
-            log.warning("%s (%s) at step %d: %s", reason, self._received, step, why)
-            return reason, requeued, why
+            requeued, excluding = self._requeue_excluding(job_id, restarts)
+            why = f"{saved}; job {job_id} requeued={requeued}{excluding}"
+            if requeued:
+                log.warning("%s (%s) at step %d: %s", reason, self._received, step, why)
+                return reason, requeued, why
         log.error("%s (%s) at step %d: %s", reason, self._received, step, why)
         return reason, False, why
+
+    def _requeue_excluding(self, job_id: str, attempt: int) -> tuple[bool, str]:
+        """Requeue, leaving out the nodes found bad in this attempt (a straggler marked for
+        exclusion, ...). (requeued, '; <the exclusion decision>' or '')."""
+        if self.policy.run_dir is None or self.policy.shape is None:
+            return requeue(job_id), ""
+        from toolkit.executors.slurm_exclude import requeue_with_exclusion
+
+        requeued, decision = requeue_with_exclusion(
+            self.policy.run_dir, job_id, attempt, self.policy.shape
+        )
+        self.exclusion = decision
+        said = "" if decision.message == "no bad node to exclude" else f"; {decision.message}"
+        return requeued, said
 
     def on_end(self, trainer: TrainerView) -> None:
         if self.flag is not None:

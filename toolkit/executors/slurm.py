@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import submitit
 from submitit.core.utils import FailedJobError
@@ -23,6 +23,7 @@ from submitit.core.utils import FailedJobError
 from toolkit.config.shape import tasks_per_node
 from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root
+from toolkit.executors.slurm_exclude import JobShape, RequeueWatch
 from toolkit.executors.slurm_jobs import (
     JobState,
     cancel,
@@ -102,7 +103,10 @@ class SlurmExecutor:
         launch = runs[0].job.launch
         try:
             if len(runs) == 1:
-                return follow_job(submission.folder, job_ids[0], runs[0].run_dir, launch.follow)
+                watch = requeue_watch(runs[0].job, runs[0].run_dir, job_ids[0])
+                return follow_job(
+                    submission.folder, job_ids[0], runs[0].run_dir, launch.follow, watch
+                )
             return follow_array(submission.folder, job_ids, runs)
         except KeyboardInterrupt:
             print(
@@ -209,7 +213,15 @@ def wait(job_id: str, on_poll=None) -> dict[str, JobState]:
         time.sleep(POLL_S)
 
 
-def follow_job(folder: Path, job_id: str, run_dir: Path, follow: bool) -> int:
+def requeue_watch(job: Any, run_dir: Path, job_id: str) -> RequeueWatch:
+    """What the launcher does about bad nodes while it follows the job (slurm_exclude)."""
+    shape = JobShape.of(job)
+    return RequeueWatch(run_dir, job_id, shape, job.checkpoint.requeue, job.checkpoint.max_restarts)
+
+
+def follow_job(
+    folder: Path, job_id: str, run_dir: Path, follow: bool, watch: RequeueWatch | None = None
+) -> int:
     tails = (
         [
             _Tail(log_path(folder, job_id, 0, "out"), sys.stdout),
@@ -228,12 +240,20 @@ def follow_job(folder: Path, job_id: str, run_dir: Path, follow: bool) -> int:
                 f"job {job_id} requeued (restart {state.restarts}); following it until it ends",
                 flush=True,
             )
+        if state is not None and watch is not None:
+            watch.on_state(state.state, state.restarts)
         for t in tails:
             t.pump()
 
-    state = wait(job_id, on_poll=on_poll)[job_id]
+    while True:
+        state = wait(job_id, on_poll=on_poll)[job_id]
+        failed = state.state == "FAILED" and watch is not None and watch.stopped is None
+        if not (failed and watch.after_failure(state.restarts)):
+            break
     for t in tails:
         t.pump()
+    if watch is not None and watch.stopped is not None:
+        print(f"error: job {job_id}: {watch.stopped.message}", file=sys.stderr, flush=True)
     code = state.exit_status()
     hang = last_hang(run_dir, state.restarts) if code != 0 else None
     if hang is not None:
@@ -328,7 +348,10 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path((argv or sys.argv[1:])[0]).resolve()
     record = json.loads((run_dir / "slurm.json").read_text())
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    return follow_job(Path(record["slurm_folder"]), record["job_id"], run_dir, follow=True)
+    from toolkit.config.compose import load_job
+
+    watch = requeue_watch(load_job(run_dir / "config.yaml"), run_dir, record["job_id"])
+    return follow_job(Path(record["slurm_folder"]), record["job_id"], run_dir, True, watch)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
     """The node agent's hang watchdog settings (None: fault.hang_watchdog=false)."""
     if not job.fault.hang_watchdog:
         return None
+    from toolkit.executors import after_hang
     from toolkit.executors.preemption import slurm_job_id
 
     return WatchdogSpec(
@@ -62,6 +63,11 @@ def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
         requeue=job.checkpoint.enabled and job.checkpoint.requeue,
         max_restarts=job.checkpoint.max_restarts,
         slurm_job_id=slurm_job_id(env.source),
+        nodes=job.cluster.nodes,
+        exclude=job.cluster.exclude,
+        partition=job.cluster.partition,
+        exclude_nodes=job.fault.exclude_nodes,
+        after_hang_module=after_hang.__name__,
     )
 
 
@@ -74,6 +80,7 @@ def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list
     """Checkpointing and scheduler control (see build_checkpoint_hooks), then profiler
     windows: last, so that a window opens after the other hooks' work of its step."""
     hooks = build_checkpoint_hooks(job, env, run_dir, sink)
+    hooks += build_node_hooks(job, env, run_dir, sink)
     if profiling_configured(job.telemetry):
         hooks.append(ProfileHook(job.telemetry, run_dir, sink))
     return hooks
@@ -92,14 +99,50 @@ def build_checkpoint_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Si
 
     config = ConfigRecord.of(redact(job_to_dict(job)))  # each checkpoint's config.json
     checkpoint = CheckpointHook(job.checkpoint, run_dir, config, sink, job.fault)
+    from toolkit.executors.slurm_exclude import JobShape
+
     policy = RequeuePolicy(
         signal_name=job.cluster.signal,
         signal_lead_s=job.cluster.signal_lead_s,
         requeue=job.checkpoint.requeue,
         max_restarts=job.checkpoint.max_restarts,
         slurm_job_id=slurm_job_id(env.source),
+        run_dir=run_dir,
+        shape=JobShape.of(job),
     )
     return [checkpoint, PreemptionHook(checkpoint, sink, policy)]
+
+
+def build_node_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
+    """Bad nodes: on Slurm, the exclusions decided for this attempt become events (and a
+    detached job's NODE_FAIL is found here); with several ranks, the live straggler score."""
+    from toolkit.distributed.env import restart_count
+    from toolkit.executors import badnodes
+    from toolkit.executors.exclusion import BadNode
+    from toolkit.executors.node_events import ExclusionEvents
+    from toolkit.executors.preemption import slurm_job_id
+    from toolkit.executors.slurm_exclude import JobShape
+    from toolkit.telemetry.straggler import StragglerHook
+
+    hooks: list[Hook] = []
+    job_id = slurm_job_id(env.source)
+    if job_id is not None:
+        hooks.append(ExclusionEvents(run_dir, job_id, JobShape.of(job), sink))
+    if env.world_size > 1 and job.fault.straggler_action != "off":
+
+        def hosts_by_rank() -> list[str]:
+            hosts: list[Any] = [None] * env.world_size
+            dist.all_gather_object(hosts, badnodes.node_name())
+            return [str(h) for h in hosts]
+
+        def mark(node: str, reason: str) -> None:
+            try:
+                badnodes.mark(run_dir, BadNode(node, reason, restart_count(), "straggler"))
+            except OSError as exc:
+                log.warning("could not mark node %s for exclusion: %s", node, exc)
+
+        hooks.append(StragglerHook(job.fault, sink, env.world_size, hosts_by_rank, mark))
+    return hooks
 
 
 def write_shard_info(model: torch.nn.Module, path: Path) -> None:

@@ -24,6 +24,14 @@ class WatchdogSpec:
     requeue: bool = False  # requeue the Slurm job after a hang (checkpoint.requeue)
     max_restarts: int = 0  # checkpoint.max_restarts
     slurm_job_id: str | None = None  # the job to requeue; None: not under Slurm
+    # Leaving the stuck node out at that requeue (toolkit.executors.slurm_exclude.JobShape):
+    nodes: int = 1  # cluster.nodes
+    exclude: str | None = None  # cluster.exclude
+    partition: str | None = None  # cluster.partition
+    exclude_nodes: bool = True  # fault.exclude_nodes
+    # The module run (as its own process) after a hang's evidence is on disk, e.g. the
+    # requeue: toolkit.executors.after_hang. None: the job just ends.
+    after_hang_module: str | None = None
 
 
 @dataclass

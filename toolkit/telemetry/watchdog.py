@@ -31,9 +31,12 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import statistics
+import subprocess
+import sys
 import time
 from collections import deque
 from pathlib import Path
@@ -62,6 +65,7 @@ GATHER_S = 15.0  # the claiming agent waits this long at most for the other node
 SUMMARY_WAIT_S = 30.0  # the other agents wait this long at most for the summary
 MIN_DEFAULT_TIMEOUT_S = 300.0
 STEP_TIMES_KEPT = 200
+AFTER_HANG_TIMEOUT_S = 120.0  # the after-hang action (scontrol requeue and update)
 
 
 def default_timeout_s(step_times: list[float]) -> float:
@@ -318,19 +322,42 @@ class Watchdog:
         return summary
 
     def _after_hang(self, summary: dict[str, Any]) -> str:
-        from toolkit.executors.after_hang import after_hang
-
+        """Run the job's after-hang action (settings.after_hang_module, e.g. requeue without
+        the stuck node) in its own process, under a time limit: whatever it does, the agent
+        goes on to end the hung ranks."""
+        s = self.settings
+        if not s.after_hang_module:
+            return "ended"
+        if not re.fullmatch(
+            r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", s.after_hang_module
+        ):
+            return f"ended (after_hang_module {s.after_hang_module!r} is not a module name)"
+        request = {
+            "run_dir": str(self.run_dir),
+            "summary": summary,
+            "slurm_job_id": s.slurm_job_id,
+            "requeue": s.requeue,
+            "max_restarts": s.max_restarts,
+            "nodes": s.nodes,
+            "exclude": s.exclude,
+            "partition": s.partition,
+            "exclude_nodes": s.exclude_nodes,
+        }
         try:
-            return after_hang(
-                self.run_dir,
-                summary,
-                slurm_job_id=self.settings.slurm_job_id,
-                requeue_enabled=self.settings.requeue,
-                max_restarts=self.settings.max_restarts,
+            done = subprocess.run(
+                [sys.executable, "-m", s.after_hang_module],
+                input=json.dumps(request),
+                capture_output=True,
+                text=True,
+                timeout=AFTER_HANG_TIMEOUT_S,
             )
-        except Exception as exc:  # noqa: BLE001 - the job must still end
-            log.exception("after_hang failed")
-            return f"ended: after_hang failed ({type(exc).__name__}: {exc})"
+            if done.returncode == 0:
+                return str(json.loads(done.stdout.strip().splitlines()[-1])["action"])
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            return f"ended: the after-hang action failed ({tail})"
+        except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError) as exc:
+            log.exception("after-hang action failed")
+            return f"ended: the after-hang action failed ({type(exc).__name__}: {exc})"
 
     def _wait_for_nodes(self, directory: Path, timeout_s: float) -> None:
         deadline = time.time() + timeout_s

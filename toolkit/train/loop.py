@@ -11,7 +11,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import resource
+import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -118,6 +120,7 @@ class Trainer:
         self.val_metrics: dict[str, float] = {}
         self.layout: dict[str, int] = {}  # mesh degrees, set by the composition root
         self.rank = dist.get_rank()
+        self._node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
         self._straggler_sleep_s = (
             self.fault.straggler_sleep_s if self.fault.straggler_rank == self.rank else 0.0
         )
@@ -312,13 +315,7 @@ class Trainer:
                     raise RuntimeError(
                         f"data loader at step {data_step}, trainer at {self.state.step}"
                     )
-                if (
-                    self.fault.fail_at_step == self.state.step + 1
-                    and self.rank == self.fault.fail_rank
-                ):
-                    raise RuntimeError(
-                        f"injected failure at step {self.state.step + 1} (fault.fail_at_step)"
-                    )
+                self._inject_failure()
                 lr = self.scheduler.get_last_lr()[0]
                 if self.comm_timer is not None:
                     self.comm_timer.take()  # eval and hooks between steps: not this step's
@@ -380,6 +377,19 @@ class Trainer:
         phase counts as startup (compilation, first allocations, the checkpoint load)."""
         if self.heartbeat is not None:
             self.heartbeat.beat(phase if self.records else "startup", self.state.step)
+
+    def _inject_failure(self) -> None:
+        """fault.fail_at_step / fail_rank: a crashing rank; fault.fail_node: the ranks of that
+        node fail as a bad GPU would (at fail_at_step, default the first step)."""
+        step = self.state.step + 1
+        if self.fault.fail_node is not None:
+            if step == (self.fault.fail_at_step or 1) and self._node == self.fault.fail_node:
+                raise RuntimeError(
+                    f"CUDA error: uncorrectable ECC error encountered (injected on node "
+                    f"{self._node} at step {step}: fault.fail_node)"
+                )
+        elif self.fault.fail_at_step == step and self.rank == self.fault.fail_rank:
+            raise RuntimeError(f"injected failure at step {step} (fault.fail_at_step)")
 
     def _should_eval(self) -> bool:
         every = self.cfg.eval_every
