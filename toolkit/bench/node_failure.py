@@ -10,6 +10,14 @@ StartTime=now) and the resume on n1+n3. Printed per repetition and as medians:
   fail->decided: n2 down until the exclusion is decided (excluded_nodes.json's time)
   decided->start: until rank 0 of the new attempt starts its first step
   fail->first step: until the first resumed step ends (the figure of the issue)
+
+`--cause hang`: rank 1 (on n2) hangs in a collective after step 12 instead (fault.hang_*,
+watchdog timeout 10 s); the watchdog dumps every rank's stacks, requeues the job without n2
+and the job resumes from its step-10 checkpoint on n1+n3. The hang starts when rank 1 made
+its last progress (the summary's time minus stuck_for_s). Printed:
+  hang->decided: until the exclusion is decided (timeout + dumps + summary + decision)
+  decided->start: until rank 0 of the new attempt starts its first step
+  hang->first step: until the first resumed step (step 11) ends
 """
 
 from __future__ import annotations
@@ -47,6 +55,14 @@ OVERRIDES = [
 ]
 
 
+HANG_OVERRIDES = [
+    *(o for o in OVERRIDES if not o.startswith("fault.save_stall")),
+    "fault.hang_at_step=12",
+    "fault.hang_rank=1",
+    "fault.hang_timeout_s=10",
+]
+
+
 def _scontrol(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
 
@@ -71,36 +87,55 @@ def one(run_dir: Path) -> dict[str, float]:
         _scontrol("update", "NodeName=n2", "State=RESUME")
     if launcher.returncode != 0:
         raise RuntimeError(f"the job failed:\n{err[-2000:]}")
+    return _timeline(run_dir, failed_at, resumed_step=6, cause="fail")
+
+
+def one_hang(run_dir: Path) -> dict[str, float]:
+    cmd = [sys.executable, "-m", "toolkit.launch", *HANG_OVERRIDES, f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the job failed:\n{done.stderr[-2000:]}")
+    (summary_path,) = sorted(run_dir.glob("hangs/*/summary.json"))
+    summary = json.loads(summary_path.read_text())
+    hung_at = float(summary["time_unix"]) - float(summary["stuck_for_s"])
+    return _timeline(run_dir, hung_at, resumed_step=11, cause="hang")
+
+
+def _timeline(run_dir: Path, t0: float, resumed_step: int, cause: str) -> dict[str, float]:
+    """From t0 (the failure, the hang) to the exclusion decision and the first resumed step."""
     decided = json.loads((run_dir / "excluded_nodes.json").read_text())["nodes"][0]["time"]
     records = [
         json.loads(x) for x in (run_dir / "metrics" / "rank0.jsonl").read_text().splitlines()
     ]
-    resumed = next(r for r in records if r["wall_time"] > failed_at and r["step"] == 6)
+    resumed = next(r for r in records if r["wall_time"] > t0 and r["step"] == resumed_step)
     started = resumed["wall_time"] - resumed["step_time_s"]
     return {
-        "fail->decided": decided - failed_at,
+        f"{cause}->decided": decided - t0,
         "decided->start": started - decided,
-        "fail->first step": resumed["wall_time"] - failed_at,
+        f"{cause}->first step": resumed["wall_time"] - t0,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cause", choices=("down", "hang"), default="down")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-node-failure-") as tmp:
         for i in range(args.reps):
-            row = one(Path(tmp) / f"rep{i}")
+            run = one if args.cause == "down" else one_hang
+            row = run(Path(tmp) / f"rep{i}")
             rows.append(row)
             print(f"rep {i}: " + "  ".join(f"{k} {v:.1f} s" for k, v in row.items()), flush=True)
     medians = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print("median: " + "  ".join(f"{k} {v:.1f} s" for k, v in medians.items()))
-    print(
-        f"baseline fail->first step {BASELINE_FAIL_TO_FIRST_STEP_S:.1f} s (dev VM); a requeue "
-        f"left to Slurm alone waits ~{SLURM_REQUEUE_HOLD_S:.0f} s before it may start"
-    )
+    if args.cause == "down":
+        print(
+            f"baseline fail->first step {BASELINE_FAIL_TO_FIRST_STEP_S:.1f} s (dev VM); a requeue "
+            f"left to Slurm alone waits ~{SLURM_REQUEUE_HOLD_S:.0f} s before it may start"
+        )
     return 0
 
 

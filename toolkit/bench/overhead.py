@@ -147,6 +147,8 @@ def toolkit_loop(
         trainer.fit()
     finally:
         trainer.sink.close()
+        if trainer.comm_timer is not None:  # the bare loop that follows runs unwrapped
+            trainer.comm_timer.uninstall()
     return clock.ends
 
 

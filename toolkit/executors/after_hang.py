@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,10 @@ def after_hang(
 def main() -> int:
     """The watchdog's call: {"run_dir", "summary", "slurm_job_id", "requeue", "max_restarts",
     "nodes", "exclude", "partition", "exclude_nodes"} on stdin -> {"action": ...} on stdout."""
+    # `scontrol requeue` ends this job's processes, this one included (SIGTERM, then SIGKILL
+    # after Slurm's KillWait): the exclude list is set right after the requeue, so the
+    # SIGTERM must not end it first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     request = json.loads(sys.stdin.read())
     shape = JobShape(

@@ -72,6 +72,8 @@ class Heartbeat:
         self._write()
 
     def _write(self) -> None:
+        if self._map.closed:  # a collective after close (wrappers not yet removed): no-op
+            return
         _LAYOUT.pack_into(
             self._map,
             0,

@@ -326,6 +326,8 @@ class Watchdog:
         the stuck node) in its own process, under a time limit: whatever it does, the agent
         goes on to end the hung ranks."""
         s = self.settings
+        if s.slurm_job_id is None:  # no process to start for nothing
+            return "ended (not a Slurm job: nothing to requeue)"
         if not s.after_hang_module:
             return "ended"
         if not re.fullmatch(
@@ -350,6 +352,7 @@ class Watchdog:
                 capture_output=True,
                 text=True,
                 timeout=AFTER_HANG_TIMEOUT_S,
+                start_new_session=True,  # signals to the agent's group are not its own
             )
             if done.returncode == 0:
                 return str(json.loads(done.stdout.strip().splitlines()[-1])["action"])
