@@ -94,7 +94,8 @@ def one_hang(run_dir: Path) -> dict[str, float]:
     cmd = [sys.executable, "-m", "toolkit.launch", *HANG_OVERRIDES, f"hydra.run.dir={run_dir}"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
-        raise RuntimeError(f"the job failed:\n{done.stderr[-2000:]}")
+        actions = [json.loads(p.read_text()).get("action") for p in run_dir.glob("hangs/*/*.json")]
+        raise RuntimeError(f"the job failed ({actions}):\n{done.stderr[-2000:]}")
     (summary_path,) = sorted(run_dir.glob("hangs/*/summary.json"))
     summary = json.loads(summary_path.read_text())
     hung_at = float(summary["time_unix"]) - float(summary["stuck_for_s"])

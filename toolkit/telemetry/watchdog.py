@@ -15,10 +15,13 @@ Then, on every node (the agents meet in RUN_DIR/hangs/, a shared directory):
    even while a rank is blocked) and moves the dumps into the hang directory, with a
    node-<host>.json of what its ranks' heartbeats said;
 3. the claiming agent waits for every node's file (at most GATHER_S), names the stuck ranks
-   (toolkit.fault.hang.diagnose), writes summary.json and the one line, and calls
-   `after_hang` (requeue under Slurm);
+   (toolkit.fault.hang.diagnose), writes summary.json and the one line, and runs the
+   after-hang action (toolkit.executors.after_hang: requeue under Slurm, without the stuck
+   node) as its own process, then records what it did in the summary;
 4. every agent ends its local ranks (SIGKILL: a hung rank runs no Python, and SIGTERM is
-   the preemption signal) and stops. The launcher turns that into exit status 79.
+   the preemption signal) and stops; the others wait for step 3's action first, since a
+   killed rank ends the job step, and with it the requeue in progress. The launcher turns
+   that into exit status 79.
 
 Nothing here can stall a rank: the ranks only write their heartbeat; all the waiting is
 the agent's.
@@ -254,7 +257,9 @@ class Watchdog:
             log.error("%s", line)
             print(line, flush=True)
         else:
-            self._wait_for(directory / SUMMARY, SUMMARY_WAIT_S)
+            # Not before the leader's after-hang action is done: a rank killed here ends the
+            # job step (srun), and with it the leader's requeue before it happens.
+            self._wait_for_action(directory / SUMMARY, SUMMARY_WAIT_S + AFTER_HANG_TIMEOUT_S)
         self.kill_local_ranks()
         return f"hang: evidence in {directory}"
 
@@ -374,6 +379,16 @@ class Watchdog:
     def _wait_for(path: Path, timeout_s: float) -> None:
         deadline = time.time() + timeout_s
         while time.time() < deadline and not path.exists():
+            time.sleep(0.2)
+
+    @staticmethod
+    def _wait_for_action(path: Path, timeout_s: float) -> None:
+        """Until the summary at `path` records what was done (its action no longer pending)."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(path.read_text()).get("action") not in (None, "pending"):
+                    return
             time.sleep(0.2)
 
     def kill_local_ranks(self) -> None:
