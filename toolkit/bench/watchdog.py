@@ -31,15 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEFAULTS = [
-    "model=gpt_small",
-    "data.seq_len=128",
-    "trainer.micro_batch_size=8",
-    "trainer.progress=false",
-    "trainer.log_every=1000000",
-    "trainer.eval_batches=0",
-    "checkpoint.enabled=false",
-]
+from toolkit.bench.overhead import DEFAULTS as OVERHEAD_DEFAULTS
+
+# The overhead benchmark's job, checkpointing off: only the watchdog differs between A and B.
+DEFAULTS = [*OVERHEAD_DEFAULTS, "checkpoint.enabled=false"]
 
 
 def heartbeat_write_ns(n: int = 200_000) -> float:
