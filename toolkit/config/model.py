@@ -21,8 +21,13 @@ class ModelConfig:
     num_targets: int = 0  # timeseries only: outputs per sample (0: num_series)
     norm_eps: float = 1e-5
     init_std: float = 0.02
+    # Which kernels the model's norms and loss run on (toolkit.kernels): torch (PyTorch ops),
+    # liger (Liger's Triton kernels; a GPU, or TRITON_INTERPRET=1 on CPU for tests), auto
+    # (liger where it is installed and a GPU runs the model, else torch: same numerics contract).
+    kernels: str = "torch"
 
     KINDS = ("gpt", "timeseries")
+    KERNELS = ("torch", "liger", "auto")
 
 
 def problems(m: ModelConfig) -> list[str]:
@@ -32,6 +37,8 @@ def problems(m: ModelConfig) -> list[str]:
         p.append(
             f"model.kind={m.kind}: unknown model kind; allowed: {', '.join(ModelConfig.KINDS)}"
         )
+    if m.kernels not in ModelConfig.KERNELS:
+        p.append(f"model.kernels={m.kernels}: unknown; allowed: {', '.join(ModelConfig.KERNELS)}")
     p += below_minimum(
         "model", m, dict.fromkeys(("num_layers", "dim", "num_heads", "max_seq_len"), 1)
     )

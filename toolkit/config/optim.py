@@ -19,12 +19,16 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
-    NAMES = ("adamw",)
+    # adamw: torch.optim.AdamW, fp32 states. adamw8bit / adamw_lowmem: low-bit optimizer
+    # states (toolkit.train.optim says which library and why; docs/kernels.md).
+    NAMES = ("adamw", "adamw8bit", "adamw_lowmem")
 
 
 def problems(o: OptimConfig) -> list[str]:
     """Problems with the optimizer group, one line each."""
     p = below_minimum("optim", o, {"warmup_steps": 0})
+    if o.name not in OptimConfig.NAMES:
+        p.append(f"optim.name={o.name}: unknown; allowed: {', '.join(OptimConfig.NAMES)}")
     if o.lr <= 0:
         p.append(f"optim.lr={o.lr}: must be > 0")
     return p
