@@ -21,6 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton kernels (toolkit.kernels) run on the CPU through Triton's interpreter when no GPU is
+# here: set before anything imports triton, and inherited by the ranks the tests start.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
