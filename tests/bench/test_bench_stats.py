@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.bench.stats import scaling_efficiency, step_statistics, steps_by_number, time_to_target
+from toolkit.bench.stats import (
+    measured_split,
+    scaling_efficiency,
+    step_statistics,
+    steps_by_number,
+    time_to_target,
+)
 
 
 def record(step: int, step_time: float, rank: int = 0, **kw) -> dict:
@@ -69,3 +75,14 @@ def test_scaling_efficiency_against_one_rank():
     assert scaling_efficiency([(1, 100.0), (2, 180.0), (4, 300.0)]) == pytest.approx(
         {1: 1.0, 2: 0.9, 4: 0.75}
     )
+
+
+def test_each_part_of_the_split_is_the_median_over_steps_of_the_slowest_rank():
+    ranks = [
+        [record(s, 1.0, compute_s=c) for s, c in ((1, 9.0), (2, 0.2), (3, 0.4), (4, 0.3))],
+        [record(s, 1.0, rank=1, compute_s=c) for s, c in ((1, 0.1), (2, 0.5), (3, 0.1), (4, 0.1))],
+    ]
+    split = measured_split(ranks, 1, {"compute": "compute_s", "stall": "checkpoint_stall_s"})
+    # steps 2-4 (step 1 is warm-up): max over ranks 0.5, 0.4, 0.3 -> median 0.4
+    assert split["compute"] == pytest.approx(0.4)
+    assert split["stall"] is None  # records without the field: not measured, not zero

@@ -59,6 +59,13 @@ def test_benchmark_writes_hdf5_and_json_with_the_documented_fields(tmp_path):
     assert summary["step_time_s_p10"] <= summary["step_time_s_median"] <= summary["step_time_s_p90"]
     assert summary["tokens_per_s"] == pytest.approx(2 * summary["tokens_per_s_per_device"])
     assert "model vs measured" in proc.stdout  # predicted and measured side by side
+    assert "per term: model vs measured" in proc.stdout  # and per term of the step's split
+    for part in ("compute", "exposed_communication", "optimizer", "data_wait"):
+        assert summary[f"split_predicted_{part}_s"] >= 0
+        assert summary[f"split_measured_{part}_s"] >= 0
+    assert summary["split_predicted_compute_s"] > 0 and summary["split_measured_compute_s"] > 0
+    # The measured parts are medians of the slowest rank per step: each at most the step.
+    assert summary["split_measured_compute_s"] <= summary["split_measured_step_s"]
     assert json.loads((out / "bench.json").read_text()) == summary
     with h5py.File(summary["results_h5"]) as f:
         assert f["steps/step_time_s"].shape == (2, 6)  # ranks x (warm-up + measured)

@@ -121,3 +121,43 @@ def test_the_step_range_follows_the_stated_uncertainty():
     p = predict(TINY, Layout(2, 2, 8, 1, 128), dataclasses.replace(PEAK, uncertainty=0.5))
     low, high = p.step_range_s()
     assert (low, high) == (pytest.approx(p.step_s / 1.5), pytest.approx(p.step_s * 1.5))
+
+
+def test_the_split_regroups_the_terms_as_a_step_record_measures_them():
+    from toolkit.perfmodel.split import predicted_split
+
+    time = {
+        "compute_s": 1.0,
+        "communication_s": 0.2,
+        "tp_communication_s": 0.03,
+        "pipeline_p2p_s": 0.004,
+        "pipeline_bubble_s": 0.5,
+        "small_allreduce_s": 0.01,
+        "optimizer_s": 0.11,  # includes the small all-reduces (loss, grad norm)
+        "data_wait_s": 0.0,
+        "step_s": 1.844,
+    }
+    split = predicted_split(time)
+    assert split["compute"] == 1.0
+    # FSDP2 exposed + tp + p2p + bubble + the small all-reduces moved out of the optimizer
+    assert split["exposed_communication"] == pytest.approx(0.2 + 0.03 + 0.004 + 0.5 + 0.01)
+    assert split["optimizer"] == pytest.approx(0.1)
+    assert split["checkpoint_stall"] == 0.0 and split["step"] == 1.844
+    parts = ("compute", "exposed_communication", "optimizer", "data_wait", "checkpoint_stall")
+    assert sum(split[p] for p in parts) == pytest.approx(split["step"])
+
+
+def test_an_async_checkpoint_stalls_the_loop_for_its_staging_copy_once_per_interval():
+    from toolkit.config.job import JobConfig
+    from toolkit.perfmodel.job import checkpoint_stall_s, predict_job
+
+    job = JobConfig()
+    job.hardware.host_device_bandwidth = 1e9
+    assert checkpoint_stall_s(job, 4e9) == 0.0  # checkpointing off
+    job.checkpoint.enabled, job.checkpoint.interval_steps = True, 10
+    assert checkpoint_stall_s(job, 4e9) == pytest.approx(4e9 / 1e9 / 10)  # 4 s every 10 steps
+    p = predict_job(job, 1)
+    state = p.memory["params_bytes"] + p.memory["optimizer_bytes"]
+    assert p.time["checkpoint_stall_s"] == pytest.approx(state / 1e9 / 10)
+    job.checkpoint.enabled = False
+    assert p.step_s == pytest.approx(predict_job(job, 1).step_s + state / 1e9 / 10)

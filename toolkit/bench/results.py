@@ -16,12 +16,19 @@ import h5py
 import numpy as np
 from omegaconf import OmegaConf
 
-from toolkit.bench.stats import PHASES, step_statistics, steps_by_number, time_to_target
+from toolkit.bench.stats import (
+    PHASES,
+    measured_split,
+    step_statistics,
+    steps_by_number,
+    time_to_target,
+)
 from toolkit.config.compose import load_job
 from toolkit.config.shape import micro_batch_size
 from toolkit.events import read_steps
 from toolkit.perfmodel import Prediction, predict_job
 from toolkit.perfmodel.model import PHASE_OF_TERM, TERMS
+from toolkit.perfmodel.split import MEASURED_FIELD, predicted_split
 from toolkit.redact import redact_text
 from toolkit.train.flops import flops_per_token
 
@@ -116,6 +123,7 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
         **{f"predicted_{t}_s": prediction.time[f"{t}_s"] for t in TERMS},
         "predicted_forward_backward_s": prediction.time["forward_backward_s"],
         "predicted_optimizer_s": prediction.time["optimizer_s"],
+        **split_columns(prediction, measured_split(records, warmup, MEASURED_FIELD)),
         "step_time_ratio": stats["step_time_s_median"] / prediction.step_s,
         "dominant_match": predicted_phase == stats["measured_dominant"],
         "stop_reason": run_summary.get("stop_reason"),
@@ -126,6 +134,20 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
     write_h5(run_dir / "bench" / "results.h5", records, events, summary, prediction, run_dir)
     (run_dir / "bench" / "result.json").write_text(json.dumps(summary) + "\n")
     return summary, prediction
+
+
+def split_columns(
+    prediction: Prediction, measured: dict[str, float | None]
+) -> dict[str, float | None]:
+    """`split_predicted_<part>_s` and `split_measured_<part>_s` for every part of the step's
+    split (compute, exposed communication, optimizer, data wait, checkpoint stall, step):
+    toolkit.perfmodel.split says how the model's terms map onto the measured parts."""
+    predicted = predicted_split(prediction.time)
+    out: dict[str, float | None] = {}
+    for part in MEASURED_FIELD:
+        out[f"split_predicted_{part}_s"] = predicted[part]
+        out[f"split_measured_{part}_s"] = measured.get(part)
+    return out
 
 
 def read_json_yaml(path: Path) -> dict[str, Any]:

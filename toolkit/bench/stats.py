@@ -104,3 +104,20 @@ def scaling_efficiency(points: list[tuple[int, float]]) -> dict[int, float]:
         return {}
     w0, t0 = min(points)
     return {w: (t / (w / w0 * t0) if t0 > 0 else 0.0) for w, t in points}
+
+
+def measured_split(
+    records_by_rank: list[list[dict[str, Any]]], warmup: int, fields: dict[str, str]
+) -> dict[str, float | None]:
+    """{part: seconds} for each `fields` part (part -> StepRecord field): per measured step
+    the largest rank's value (the step waits for it), then the median over steps; None when
+    the records lack the field (a run without the step split)."""
+    out: dict[str, float | None] = {}
+    for part, name in fields.items():
+        per_step: dict[int, float] = {}
+        for records in records_by_rank:
+            for r in records:
+                if r["step"] > warmup and name in r:
+                    per_step[r["step"]] = max(per_step.get(r["step"], 0.0), float(r[name]))
+        out[part] = statistics.median(per_step.values()) if per_step else None
+    return out

@@ -101,7 +101,7 @@ def analyze(out: Path, warmup: int) -> dict[str, Any]:
 
     from toolkit.bench.compare import add_scaling_efficiency, comparison_table, mark_varying, plot
     from toolkit.bench.results import analyze_run
-    from toolkit.perfmodel.report import prediction_table
+    from toolkit.perfmodel.report import prediction_table, split_table
 
     console = Console(width=200) if not sys.stdout.isatty() else Console()
     dirs = run_dirs(out)
@@ -124,6 +124,7 @@ def analyze(out: Path, warmup: int) -> dict[str, Any]:
         }
         title = f"{' '.join(summary['overrides']) or d.name}: model vs measured"
         console.print(prediction_table(prediction, measured, title=title))
+        console.print(split_table(summary))
         summaries.append(summary)
     if len(dirs) == 1 and dirs[0] == out:
         return summaries[0]

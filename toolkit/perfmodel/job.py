@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from toolkit.config.job import JobConfig
 from toolkit.config.parallel import mesh_shape
 from toolkit.config.shape import tasks_per_node, world_size
@@ -41,5 +43,22 @@ def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
     )
 
 
+def checkpoint_stall_s(job: JobConfig, state_bytes: float) -> float:
+    """Seconds per step the training loop stalls for checkpoints: an async save stages the
+    rank's parameters and optimizer state (`state_bytes`) into host memory at
+    `host_device_bandwidth` (a device-to-host copy on GPU, a memory copy on CPU) while the
+    loop waits, once every `checkpoint.interval_steps` steps; the write runs in the
+    background. A blocking save also waits for the write, whose storage bandwidth the
+    hardware profile does not hold: the staging copy is then a lower bound."""
+    ckpt = job.checkpoint
+    if not ckpt.enabled or ckpt.interval_steps <= 0:
+        return 0.0
+    return state_bytes / job.hardware.host_device_bandwidth / ckpt.interval_steps
+
+
 def predict_job(job: JobConfig, world: int | None = None) -> Prediction:
-    return predict(job.model, layout_from_job(job, world), job.hardware)
+    """The prediction for a job as launched, the checkpoint stall included in the step."""
+    p = predict(job.model, layout_from_job(job, world), job.hardware)
+    stall = checkpoint_stall_s(job, p.memory["params_bytes"] + p.memory["optimizer_bytes"])
+    time = {**p.time, "checkpoint_stall_s": stall, "step_s": float(p.time["step_s"]) + stall}
+    return replace(p, time=time)

@@ -121,3 +121,25 @@ def predicted_value(p: Prediction, key: str) -> float | None:
         "persistent_bytes": p.memory["params_bytes"] + p.memory["optimizer_bytes"],
     }
     return table.get(key)
+
+
+def split_table(summary: dict[str, Any], title: str = "per term: model vs measured") -> Table:
+    """The step's split, predicted beside measured (a benchmark summary's split_* columns;
+    toolkit.perfmodel.split maps the model's terms onto the measured parts)."""
+    from toolkit.perfmodel.split import PARTS
+
+    table = Table(title=title)
+    for name, justify in (("term", "left"), ("predicted", "right"), ("measured", "right")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table.add_column("measured/predicted", justify="right")
+    for part in PARTS:
+        predicted = summary.get(f"split_predicted_{part}_s")
+        measured = summary.get(f"split_measured_{part}_s")
+        ratio = f"{measured / predicted:.2f}" if measured is not None and predicted else "-"
+        table.add_row(
+            part.replace("_", " "),
+            "-" if predicted is None else fmt_s(predicted),
+            "-" if measured is None else fmt_s(measured),
+            ratio,
+        )
+    return table

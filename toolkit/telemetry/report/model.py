@@ -6,15 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# Measured StepRecord field (median per step) compared with each predicted term.
-MEASURED_OF_TERM = {
-    "compute": "compute_s",
-    "communication": "comm_busy_s",
-    "exposed_communication": "comm_exposed_s",
-    "optimizer": "optimizer_step_s",
-    "data_wait": "data_wait_s",
-    "step": "step_time_s",
-}
+from toolkit.perfmodel.split import MEASURED_FIELD, predicted_split
+
+# Measured StepRecord field (median per step) compared with each predicted term: the
+# model's split (toolkit.perfmodel.split) plus all communication, busy or hidden.
+MEASURED_OF_TERM = {**MEASURED_FIELD, "communication": "comm_busy_s"}
 
 
 def load_config(run_dir: Path) -> Any:
@@ -39,13 +35,8 @@ def predicted_terms(job: Any, world_size: int) -> tuple[dict[str, float], str]:
         from toolkit.perfmodel import predict_job
 
         time = predict_job(job, world_size).time
-        return {
-            "compute": float(time["compute_s"]),  # GEMMs, attention, elementwise, op overhead
-            "communication": float(time["communication_total_s"]),
-            "exposed_communication": float(time["communication_s"]),
-            "optimizer": float(time["optimizer_s"]),
-            "data_wait": float(time["data_wait_s"]),
-            "step": float(time["step_s"]),
-        }, ""
+        split = predicted_split(time)  # compute, exposed communication, optimizer, ...
+        split["communication"] = float(time["communication_total_s"])
+        return split, ""
     except Exception as exc:  # noqa: BLE001 - the model must never break the report
         return {}, f"performance model unavailable: {type(exc).__name__}: {exc}"
