@@ -82,3 +82,15 @@ def test_every_number_must_be_positive():
         "hardware.memory_bandwidth=0.0: must be > 0",
         "hardware.op_overhead_s=-1.0: must be >= 0",
     ]
+
+
+def test_attention_is_measured_at_each_head_dim_the_presets_use():
+    import torch
+
+    from toolkit.bench.hardware import attention_rates
+
+    rates = attention_rates(torch.device("cpu"), ["float32"], (16,), (16, 32))
+    assert [(s, h, d) for s, h, d, _ in rates] == [(16, 16, "float32"), (16, 32, "float32")]
+    assert all(r > 0 for *_, r in rates)
+    table = profile.attention_table(rates, {"float32": max(r for *_, r in rates)})
+    assert {p.head_dim for p in table} == {16, 32} and max(p.fraction for p in table) == 1.0
