@@ -10,7 +10,7 @@ import sys
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
 from toolkit.perfmodel import Layout, predict
-from toolkit.plan import cost_rows, layouts, rank_agreement, rank_plans
+from toolkit.plan import cost_rows, layouts, rank_agreement, rank_plans, spearman, spread
 
 SMALL = ModelConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256)
 # 2 nodes x 4 ranks, sequence 256
@@ -68,6 +68,21 @@ def test_costs_rank_the_cheapest_first_and_name_what_does_not_fit():
 def test_rank_agreement():
     assert rank_agreement([3.0, 2.0, 1.0], [30.0, 20.0, 10.0])
     assert not rank_agreement([3.0, 2.0, 1.0], [20.0, 30.0, 10.0])
+
+
+def test_spearman_is_one_for_the_predicted_order_and_minus_one_reversed():
+    assert spearman([3.0, 2.0, 1.0], [30.0, 20.0, 10.0]) == 1.0
+    assert spearman([3.0, 2.0, 1.0], [10.0, 20.0, 30.0]) == -1.0
+    # one swap among three: d^2 = 1 + 1 -> 1 - 6*2/(3*8) = 0.5
+    assert spearman([3.0, 2.0, 1.0], [20.0, 30.0, 10.0]) == 0.5
+
+
+def test_a_spread_check_takes_the_best_the_worst_and_evenly_between():
+    plans = list(range(9))  # stands for nine ranked plans
+    assert spread(plans, 3) == [0, 4, 8]
+    assert spread(plans, 2) == [0, 8]
+    assert spread(plans, 1) == [0]
+    assert spread(plans[:2], 5) == [0, 1]
 
 
 def test_cli_prints_the_top_plans_with_their_overrides():

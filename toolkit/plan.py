@@ -194,6 +194,35 @@ def rank_agreement(predicted: list[float], measured: list[float]) -> bool:
     return order == sorted(range(len(predicted)), key=lambda i: -predicted[i])
 
 
+def spearman(predicted: list[float], measured: list[float]) -> float:
+    """Spearman's rank correlation (no ties expected in tokens/s): 1 when the measured order
+    is the predicted one, -1 when reversed."""
+    n = len(predicted)
+    if n < 2:
+        return 1.0
+
+    def ranks(values: list[float]) -> list[int]:
+        order = sorted(range(n), key=lambda i: -values[i])
+        out = [0] * n
+        for rank, i in enumerate(order):
+            out[i] = rank
+        return out
+
+    d2 = sum((a - b) ** 2 for a, b in zip(ranks(predicted), ranks(measured), strict=True))
+    return 1.0 - 6.0 * d2 / (n * (n * n - 1))
+
+
+def spread(plans: list[Plan], k: int) -> list[Plan]:
+    """k plans spread over the ranking (the best, the worst and evenly between): their
+    predicted differences are large enough for a short run on a noisy machine to tell
+    whether the order holds, unlike the top k, which often lie within a few per cent."""
+    if k >= len(plans):
+        return list(plans)
+    if k == 1:
+        return plans[:1]
+    return [plans[round(i * (len(plans) - 1) / (k - 1))] for i in range(k)]
+
+
 def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -215,9 +244,10 @@ def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
     Console(width=220).print(table)
 
 
-def check(plans: list[Plan], overrides: list[str], k: int, steps: int) -> int:
-    """Run the top k plans locally through the training benchmark; print predicted vs
-    measured and whether the order holds."""
+def check(plans: list[Plan], overrides: list[str], steps: int) -> int:
+    """Run the given plans (the top k, or a spread: `spread`) locally through the training
+    benchmark; print predicted vs measured, whether the order holds and Spearman's rank
+    correlation."""
     import json
     import tempfile
 
@@ -225,7 +255,7 @@ def check(plans: list[Plan], overrides: list[str], k: int, steps: int) -> int:
 
     predicted, measured = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, p in enumerate(plans[:k]):
+        for i, p in enumerate(plans):
             out = Path(tmp) / str(i)
             code = bench(
                 [
@@ -245,10 +275,11 @@ def check(plans: list[Plan], overrides: list[str], k: int, steps: int) -> int:
             result = json.loads((out / "bench.json").read_text())
             predicted.append(p.prediction.tokens_per_s)
             measured.append(result["tokens_per_s"])
-    print("plan | predicted tokens/s | measured tokens/s | measured/predicted")
-    for i, (pr, me) in enumerate(zip(predicted, measured, strict=True), 1):
-        print(f"{i} | {pr:,.0f} | {me:,.0f} | {me / pr:.2f}")
-    print(f"predicted order {'holds' if rank_agreement(predicted, measured) else 'does not hold'}")
+    print("plan | layout | predicted tokens/s | measured tokens/s | measured/predicted")
+    for i, (p, pr, me) in enumerate(zip(plans, predicted, measured, strict=True), 1):
+        print(f"{i} | {' '.join(p.overrides())} | {pr:,.0f} | {me:,.0f} | {me / pr:.2f}")
+    holds = "holds" if rank_agreement(predicted, measured) else "does not hold"
+    print(f"predicted order {holds}; Spearman rank correlation {spearman(predicted, measured):.2f}")
     return 0
 
 
@@ -259,6 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=float, default=1e9, help="tokens to train (--cost)")
     parser.add_argument("--check", type=int, default=0, help="run the top K plans locally")
     parser.add_argument("--steps", type=int, default=5, help="measured steps per --check run")
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="--check K runs K plans spread over the ranking (best, worst, between), not the top K",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     from omegaconf import OmegaConf
@@ -301,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"({' '.join(r['overrides'])})"  # type: ignore[arg-type]
             )
     if args.check:
-        return check(plans, args.overrides, args.check, args.steps)
+        chosen = spread(plans, args.check) if args.spread else plans[: args.check]
+        return check(chosen, args.overrides, args.steps)
     return 0
 
 
