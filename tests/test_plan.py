@@ -177,3 +177,33 @@ def test_a_pipeline_with_more_micro_batches_wins_over_one_with_a_big_bubble():
     assert by_m[4].prediction.time["bubble_fraction"] == 3 / 7
     # (16 + 3) stage-times of 2 sequences against (4 + 3) of 8: the longer pipeline wins
     assert by_m[16].prediction.tokens_per_s > 1.2 * by_m[4].prediction.tokens_per_s
+
+
+def test_check_runs_a_spread_of_plans_and_says_whether_the_order_holds(tmp_path):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.plan",
+            "--top",
+            "3",
+            "--check",
+            "2",
+            "--spread",
+            "--steps",
+            "2",
+            "model=gpt_tiny",
+            "cluster.tasks_per_node=1",
+            "trainer.global_batch_size=8",
+            "data.seq_len=32",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line[:2] in ("1 ", "2 ")]
+    assert len(rows) == 2  # the best plan and the worst, each measured
+    assert all("trainer.grad_accum=" in r and float(r.split("|")[-1]) > 0 for r in rows)
+    assert "Spearman rank correlation" in proc.stdout
