@@ -168,3 +168,20 @@ def test_config_problems_name_the_field() -> None:
     assert msg.startswith("model.num_series=12: not a whole number of features for 5")
     (msg,) = problems(ModelConfig(cross_section_norm=True))
     assert msg.startswith("model.kind=gpt: model.cross_section_norm")
+
+
+def test_activation_checkpointing_recomputes_the_op() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    x, mask = inputs(2, 3, 7, 3, torch.float32)
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+
+    def checkpointed(x, mask):
+        return checkpoint(
+            lambda v: masked_cross_section_norm(v * 2.0, mask), x, use_reentrant=False
+        )
+
+    y, dx = run(checkpointed, x, mask, grad)
+    y_ref, dx_ref = run(lambda v, m: masked_cross_section_norm_reference(v * 2.0, m), x, mask, grad)
+    torch.testing.assert_close(y, y_ref, **TOL[torch.float32])
+    torch.testing.assert_close(dx, dx_ref, **TOL[torch.float32])
