@@ -117,6 +117,8 @@ def test_opcheck_on_the_custom_ops() -> None:
     torch.library.opcheck(masked_loss._fwd_op, args)
     back = (torch.tensor(1.5), pred.detach(), target, None, "mse", 1.0)
     torch.library.opcheck(masked_loss._bwd_op, back)
+    last = (pred.detach()[:, -1].requires_grad_(True), target[:, -1], weight, "mse", 1.0)
+    torch.library.opcheck(masked_loss._fwd_op, last)  # the model's pred[:, -1], a strided view
 
 
 def test_torch_compile_fullgraph_with_inductor() -> None:

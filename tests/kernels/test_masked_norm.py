@@ -115,6 +115,8 @@ def test_opcheck_on_the_custom_ops() -> None:
     torch.library.opcheck(masked_norm._fwd_op, (x.requires_grad_(True), mask, 1e-5))
     _, mean, rstd = masked_norm._fwd_op(x.detach(), mask, 1e-5)
     torch.library.opcheck(masked_norm._bwd_op, (torch.randn(x.shape), x.detach(), mask, mean, rstd))
+    strided = x.detach().transpose(0, 1)  # a non-contiguous view: the op copies, fake agrees
+    torch.library.opcheck(masked_norm._fwd_op, (strided, mask.transpose(0, 1), 1e-5))
 
 
 def test_torch_compile_fullgraph_sees_one_op() -> None:

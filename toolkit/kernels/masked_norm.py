@@ -185,7 +185,7 @@ def _fwd_op(
 @_fwd_op.register_fake
 def _(x, mask, eps):
     stat = x.new_empty((math.prod(x.shape[:-2]), x.shape[-1]), dtype=torch.float32)
-    return torch.empty_like(x), stat, torch.empty_like(stat)
+    return x.new_empty(x.shape), stat, torch.empty_like(stat)  # contiguous, as the kernel's
 
 
 @torch.library.custom_op("toolkit::masked_cs_norm_bwd", mutates_args=())
@@ -204,7 +204,7 @@ def _bwd_op(
 
 @_bwd_op.register_fake
 def _(grad, x, mask, mean, rstd):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 def _setup(ctx, inputs, output) -> None:
