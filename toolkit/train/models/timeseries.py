@@ -5,6 +5,12 @@ Targets [batch, time, num_targets] are compared at every position (next-step pre
 targets [batch, num_targets] (a window's target over a horizon, toolkit.data.samples) with
 the last position's prediction. Missing targets (NaN) add no error to the loss.
 
+Options (toolkit.config.model; all off by default, which is the model as it always was):
+model.cross_section_norm standardises each input feature across instruments at every time
+step (toolkit.kernels.masked_norm), model.loss / huber_delta / loss_weights pick the loss
+(toolkit.kernels.masked_loss). model.kernels=torch runs the PyTorch references; liger and
+auto run our Triton kernels where Triton runs (a GPU, or TRITON_INTERPRET=1 on the CPU).
+
 Splits into pipeline stages by layers like the GPT (toolkit.train.models.stages)."""
 
 from __future__ import annotations
@@ -12,12 +18,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import ModelConfig, num_instruments
+from toolkit.kernels.masked_loss import masked_regression_loss, masked_regression_loss_reference
+from toolkit.kernels.masked_norm import (
+    masked_cross_section_norm,
+    masked_cross_section_norm_reference,
+)
 from toolkit.train.models.blocks import Block, init_weights
 from toolkit.train.models.stages import StagedModel
 
 
 def masked_mse(pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The default loss; masked_regression_loss(kind="mse") without weights equals it."""
     if targets.dim() == 2:
         pred = pred[:, -1]
     # A missing target adds no error but still counts in the mean: the loss of a batch
@@ -30,7 +42,6 @@ def masked_mse(pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 class TimeSeriesTransformer(StagedModel):
     INPUT = ("inp", "pos_emb")
     OUTPUT = ("norm", "head")
-    loss = staticmethod(masked_mse)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -52,15 +63,43 @@ class TimeSeriesTransformer(StagedModel):
             if isinstance(m, nn.LayerNorm):
                 m.reset_parameters()
 
+    def loss(self, pred: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """model.loss over the last position (window targets) or every position; missing
+        targets count in the mean (toolkit.kernels.masked_loss gives the formula)."""
+        cfg = self.cfg
+        if targets.dim() == 2:
+            pred = pred[:, -1]
+        weight = None
+        if cfg.loss_weights:
+            weight = torch.tensor(cfg.loss_weights, dtype=torch.float32, device=pred.device)
+        fn = masked_regression_loss_reference if cfg.kernels == "torch" else masked_regression_loss
+        return fn(pred, targets, weight, cfg.loss, cfg.huber_delta)
+
+    def normalise_cross_section(self, x: torch.Tensor) -> torch.Tensor:
+        """[batch, time, instruments * features] standardised across instruments per feature.
+        The loader writes a missing input as exactly 0 (toolkit.data.loader.Windows.batch), so
+        an exact 0 (or a NaN) counts as missing here and stays 0."""
+        n = num_instruments(self.cfg)
+        cells = x.unflatten(-1, (n, x.shape[-1] // n))
+        mask = torch.isfinite(cells) & (cells != 0)
+        norm = (
+            masked_cross_section_norm_reference
+            if self.cfg.kernels == "torch"
+            else masked_cross_section_norm
+        )
+        return norm(cells, mask, self.cfg.norm_eps).flatten(-2)
+
     def forward(self, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if self.inp is not None:
+            if self.cfg.cross_section_norm:
+                x = self.normalise_cross_section(x)
             positions = torch.arange(x.shape[1], device=x.device)
             x = self.inp(x) + self.pos_emb(positions)
         x = self.run_blocks(x)
         if self.head is None:
             return x
         pred = self.head(self.norm(x))
-        return pred if targets is None else masked_mse(pred, targets)
+        return pred if targets is None else self.loss(pred, targets)
 
     @property
     def embedding_params(self) -> int:
