@@ -147,3 +147,26 @@ def test_bench_cases_agree_at_test_size(case):
     assert_close(got.detach(), want.detach(), 1e-5, case.name)
     got.float().sum().backward()  # the benchmark's backward runs
     assert all(t.grad is not None for t in inputs if t.requires_grad)
+
+
+def test_the_memory_benchmark_sees_the_logits_go():
+    """toolkit.bench.liger_memory's measurement, on a head whose logits outweigh its weight
+    (64 tokens x dim 16 x vocab 1024, float32): the reference keeps the float32 log-softmax
+    [tokens, vocab] for backward; the fused kernel keeps the gradients of hidden and weight,
+    and the largest tensor it ever makes is the weight gradient's float32 accumulator."""
+    from toolkit.bench.liger_memory import fresh, measure
+
+    tokens, dim, vocab = 64, 16, 1024
+    g = torch.Generator().manual_seed(0)
+    inputs = (
+        torch.randn(tokens, dim, generator=g).requires_grad_(),
+        torch.randn(vocab, dim, generator=g).requires_grad_(),
+        torch.randint(0, vocab, (tokens,), generator=g),
+    )
+    reference = measure(liger.reference_linear_cross_entropy, fresh(inputs))
+    fused = measure(liger.fused_linear_cross_entropy, fresh(inputs))
+    log_probs = tokens * vocab * 4
+    assert log_probs <= reference["saved_bytes"] <= log_probs + 16  # and nll's total weight
+    assert reference["largest_bytes"] == log_probs
+    assert fused == {"saved_bytes": (tokens + vocab) * dim * 4, "largest_bytes": vocab * dim * 4}
+    assert liger.fused_ce_bytes(tokens, dim, vocab, 4)["kept"] == fused["saved_bytes"]
