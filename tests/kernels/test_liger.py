@@ -170,3 +170,12 @@ def test_the_memory_benchmark_sees_the_logits_go():
     assert reference["largest_bytes"] == log_probs
     assert fused == {"saved_bytes": (tokens + vocab) * dim * 4, "largest_bytes": vocab * dim * 4}
     assert liger.fused_ce_bytes(tokens, dim, vocab, 4)["kept"] == fused["saved_bytes"]
+
+
+def test_all_targets_ignored_is_zero_for_liger_where_pytorch_gives_nan():
+    """The one documented difference (docs/kernels.md): 0 / 0 non-ignored targets."""
+    hidden, weight, targets = flce_inputs(torch.float32, seed=4)
+    targets = torch.full_like(targets, liger.IGNORE_INDEX)
+    loss, d_hidden, d_weight = run(liger.fused_linear_cross_entropy, hidden, weight, targets)
+    assert loss.item() == 0.0 and d_hidden.abs().max() == 0 and d_weight.abs().max() == 0
+    assert liger.reference_linear_cross_entropy(hidden, weight, targets).isnan()
