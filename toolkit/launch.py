@@ -29,13 +29,14 @@ from toolkit.config.hydra_tools import INFO_CHOICES
 from toolkit.config.validate import RuntimeCheck, validate
 from toolkit.data.manifest import DataError
 from toolkit.executors import PreparedRun, get_executor
+from toolkit.kernels.checks import kernel_problems
 from toolkit.nccl.checks import check_job as nccl_problems
 from toolkit.redact import redact
 from toolkit.tasks import task_problems
 
-# Checks that need the runtime's knowledge (task names, NCCL's variables), beside the
-# config groups' own problems().
-RUNTIME_CHECKS: list[RuntimeCheck] = [task_problems, nccl_problems]
+# Checks that need the runtime's knowledge (task names, NCCL's variables, which kernels can
+# run where the ranks run), beside the config groups' own problems().
+RUNTIME_CHECKS: list[RuntimeCheck] = [task_problems, nccl_problems, kernel_problems]
 
 USAGE = (
     "python -m toolkit.launch [-m] [-cd DIR] [--cfg job|hydra|all] [--help [GROUP]] [OVERRIDE ...]"

@@ -66,12 +66,14 @@ HARMLESS_DATA_KEYS = (
     "data.cache_mib",
     "data.verify",
 )
+# Which kernels compute the same numbers (toolkit.kernels: same numerics contract, same keys).
+HARMLESS_MODEL_KEYS = ("model.kernels",)
 
 
 def changes_meaning(diff_line: str) -> bool:
     """Whether a `config_diff` line ('key: old -> new') changes what is being trained."""
     key = diff_line.split(":", 1)[0]
-    if key.startswith(HARMLESS_DATA_KEYS):
+    if key.startswith(HARMLESS_DATA_KEYS) or key in HARMLESS_MODEL_KEYS:
         return False
     if key == "trainer.global_batch_size" and diff_line.endswith("-> None"):
         return False  # unset: the checkpoint's global batch is kept (Trainer.load_state_dict)

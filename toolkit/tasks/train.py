@@ -25,6 +25,7 @@ from toolkit.distributed.tensor_parallel import apply_tensor_parallel, loss_cont
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
+from toolkit.kernels.liger import resolve as resolve_kernels
 from toolkit.perfmodel import balanced_split, layer_costs
 from toolkit.telemetry.heartbeat import Heartbeat
 from toolkit.telemetry.profiler import ProfileHook, profiling_configured
@@ -34,7 +35,7 @@ from toolkit.train.console import ConsoleSink
 from toolkit.train.data import BatchPlan, Loader, open_sources
 from toolkit.train.flops import flops_per_token
 from toolkit.train.loop import Trainer
-from toolkit.train.models import build_model
+from toolkit.train.models import build_model, use_kernels
 from toolkit.train.optim import build_optimizer, build_scheduler
 from toolkit.train.pipeline import PipelineStep, build_pipeline
 
@@ -206,16 +207,30 @@ def pipeline_split(job: JobConfig, shape: MeshShape) -> list[int]:
     return balanced_split(costs, pipeline_stages(job.parallel))
 
 
+def choose_kernels(
+    model: torch.nn.Module, job: JobConfig, shape: MeshShape, device: torch.device, env: DistEnv
+) -> str:
+    """model.kernels resolved for this device and layout (toolkit.kernels.liger), set on the
+    model before it is split or sharded; rank 0 logs the choice and why."""
+    reasons: list[str] = []
+    kernels = resolve_kernels(job.model.kernels, device, reasons, tp=shape.tp)
+    reasons += use_kernels(model, kernels, compiled_blocks=job.parallel.compile)
+    if env.is_rank0:
+        log.info("kernels: %s (%s)", kernels, "; ".join(reasons))
+    return kernels
+
+
 def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
+    shape = mesh_shape(job.parallel, dist.get_world_size())
+    if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
+        raise ValueError(shape)
     torch.manual_seed(job.seed)
     model = build_model(job.model)
+    choose_kernels(model, job, shape, device, env)
     if job.parallel.meta_init:
         model = model.to("meta")
     else:
         model.reset_parameters()  # on CPU, before sharding: identical for every world size
-    shape = mesh_shape(job.parallel, dist.get_world_size())
-    if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
-        raise ValueError(shape)
     mesh = build_mesh(shape, device.type)
     record_layout(shape, device, run_dir / "mesh.json")
     pipe = None

@@ -1,5 +1,9 @@
 """The transformer block shared by every model here (pre-norm, causal attention, GELU MLP).
 
+Its LayerNorms (and the models' final norms) run Liger's kernel when the model's kernels are
+"liger" (`use_kernels`, toolkit.kernels.liger); the parameters and state-dict keys are
+nn.LayerNorm's either way, so checkpoints move between kernels=torch and kernels=liger.
+
 The attention's fused input projection `qkv_heads` is laid out head by head: rows
 [h*3*hd, (h+1)*3*hd) hold head h's query, key and value (hd = dim / num_heads). A split of
 its rows into tp equal parts (tensor parallelism's column-wise Shard(0)) therefore gives
@@ -13,6 +17,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from toolkit.kernels import liger
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm that runs Liger's LayerNorm kernel when `kernels` is "liger"."""
+
+    kernels = "torch"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernels == "liger":
+            return liger.layer_norm(x, self.weight, self.bias, self.eps)
+        return super().forward(x)
 
 
 class CausalSelfAttention(nn.Module):
@@ -49,9 +66,9 @@ class Block(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float, eps: float):
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim, eps=eps)
+        self.norm1 = LayerNorm(dim, eps=eps)
         self.attn = CausalSelfAttention(dim, num_heads)
-        self.norm2 = nn.LayerNorm(dim, eps=eps)
+        self.norm2 = LayerNorm(dim, eps=eps)
         self.mlp = MLP(dim, int(dim * mlp_ratio))
         self.activation_checkpointing = False
 

@@ -2,7 +2,12 @@
 
 Splits into pipeline stages by layers (toolkit.train.models.stages): the first stage holds
 the embeddings, the last the final norm and the head; a stage between reads and returns
-hidden states [batch, seq, dim]."""
+hidden states [batch, seq, dim].
+
+With kernels="liger" (toolkit.kernels.liger) and targets, the head and the loss are one
+fused, chunked kernel: the logits [batch, seq, vocab] are never built, and the loss comes
+back directly. Without targets (inference, and the last pipeline stage, whose loss the
+schedule computes from the stage's output), the head returns logits as before."""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from toolkit.config.model import ModelConfig
-from toolkit.train.models.blocks import Block, init_weights
+from toolkit.kernels import liger
+from toolkit.train.models.blocks import Block, LayerNorm, init_weights
 from toolkit.train.models.stages import StagedModel
 
 
@@ -38,7 +44,7 @@ class GPT(StagedModel):
             (str(i), Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, cfg.norm_eps))
             for i in range(cfg.num_layers)
         )
-        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.norm = LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
 
     def reset_parameters(self) -> None:
@@ -56,6 +62,8 @@ class GPT(StagedModel):
         x = self.run_blocks(x)
         if self.head is None:
             return x
+        if targets is not None and self.kernels == "liger":
+            return liger.fused_linear_cross_entropy(self.norm(x), self.head.weight, targets)
         logits = self.head(self.norm(x))
         # Tensor parallelism: logits are sharded over the vocabulary (a DTensor); the loss
         # (gpt_loss under loss_parallel, toolkit.distributed.tensor_parallel) is replicated.

@@ -19,6 +19,7 @@ class StagedModel(nn.Module):
     INPUT: tuple[str, ...] = ()  # modules of the first stage (embeddings)
     OUTPUT: tuple[str, ...] = ()  # modules of the last stage (final norm, head)
     blocks: nn.ModuleDict
+    kernels: str = "torch"  # the head and loss's kernels (toolkit.train.models.use_kernels)
 
     def part(self, layers: Iterable[int], first: bool, last: bool) -> StagedModel:
         """A model of the same class holding layers `layers` (and the input / output
@@ -27,6 +28,7 @@ class StagedModel(nn.Module):
         new = self.__class__.__new__(self.__class__)
         nn.Module.__init__(new)
         new.cfg = self.cfg
+        new.kernels = self.kernels
         for name in self.INPUT:
             setattr(new, name, getattr(self, name) if first else None)
         new.blocks = nn.ModuleDict({str(i): self.blocks[str(i)] for i in layers})

@@ -24,7 +24,7 @@ from toolkit.kernels.masked_norm import (
     masked_cross_section_norm,
     masked_cross_section_norm_reference,
 )
-from toolkit.train.models.blocks import Block, init_weights
+from toolkit.train.models.blocks import Block, LayerNorm, init_weights
 from toolkit.train.models.stages import StagedModel
 
 
@@ -52,7 +52,7 @@ class TimeSeriesTransformer(StagedModel):
             (str(i), Block(cfg.dim, cfg.num_heads, cfg.mlp_ratio, cfg.norm_eps))
             for i in range(cfg.num_layers)
         )
-        self.norm = nn.LayerNorm(cfg.dim, eps=cfg.norm_eps)
+        self.norm = LayerNorm(cfg.dim, eps=cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.num_targets or cfg.num_series)
 
     def reset_parameters(self) -> None:
