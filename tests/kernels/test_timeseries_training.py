@@ -1,5 +1,5 @@
 """The time-series model on its fused path through the real CLI: 2 ranks, data=returns,
-model.kernels=auto with model.cross_section_norm on and a Huber loss (Triton kernels, under
+model.kernels=liger with model.cross_section_norm on and a Huber loss (Triton kernels, under
 TRITON_INTERPRET=1 on this CPU, inherited by the ranks): the loss falls, and its checkpoint
 resumes on one rank with the same losses."""
 
@@ -17,7 +17,7 @@ FUSED = [
     "experiment=returns",
     "model.num_layers=1",
     "model.dim=32",
-    "model.kernels=auto",
+    "model.kernels=liger",
     "model.cross_section_norm=true",
     "model.loss=huber",
     "model.init_std=0.3",  # predictions far from the targets at first: a loss with room to fall

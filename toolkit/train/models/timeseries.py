@@ -8,8 +8,10 @@ the last position's prediction. Missing targets (NaN) add no error to the loss.
 Options (toolkit.config.model; all off by default, which is the model as it always was):
 model.cross_section_norm standardises each input feature across instruments at every time
 step (toolkit.kernels.masked_norm), model.loss / huber_delta / loss_weights pick the loss
-(toolkit.kernels.masked_loss). model.kernels=torch runs the PyTorch references; liger and
-auto run our Triton kernels where Triton runs (a GPU, or TRITON_INTERPRET=1 on the CPU).
+(toolkit.kernels.masked_loss). The kernels follow model.kernels as resolved for the rank
+(toolkit.kernels.liger.resolve, applied by toolkit.train.models.use_kernels): liger runs our
+Triton kernels (a GPU, or TRITON_INTERPRET=1 on the CPU), torch the PyTorch references, and
+auto picks liger only where CUDA runs the model, as for the GPT.
 
 Splits into pipeline stages by layers like the GPT (toolkit.train.models.stages)."""
 
@@ -72,7 +74,7 @@ class TimeSeriesTransformer(StagedModel):
         weight = None
         if cfg.loss_weights:
             weight = torch.tensor(cfg.loss_weights, dtype=torch.float32, device=pred.device)
-        fn = masked_regression_loss_reference if cfg.kernels == "torch" else masked_regression_loss
+        fn = masked_regression_loss if self.kernels == "liger" else masked_regression_loss_reference
         return fn(pred, targets, weight, cfg.loss, cfg.huber_delta)
 
     def normalise_cross_section(self, x: torch.Tensor) -> torch.Tensor:
@@ -83,9 +85,9 @@ class TimeSeriesTransformer(StagedModel):
         cells = x.unflatten(-1, (n, x.shape[-1] // n))
         mask = torch.isfinite(cells) & (cells != 0)
         norm = (
-            masked_cross_section_norm_reference
-            if self.cfg.kernels == "torch"
-            else masked_cross_section_norm
+            masked_cross_section_norm
+            if self.kernels == "liger"
+            else masked_cross_section_norm_reference
         )
         return norm(cells, mask, self.cfg.norm_eps).flatten(-2)
 
