@@ -110,8 +110,16 @@ def _with_step(base: type) -> type:
     compiles, with fullgraph=True, which refuses to run with dynamo disabled. The loop is
     torchao 0.18.0's `_AdamBase.step` (state init, step count, the update's arguments)."""
     if base not in _CLASSES:
-        _CLASSES[base] = type(f"Steppable{base.__name__}", (base,), {"step": _step})
+        methods = {"step": _step, "add_param_group": _add_param_group}
+        _CLASSES[base] = type(f"Steppable{base.__name__}", (base,), methods)
     return _CLASSES[base]
+
+
+def _add_param_group(self: Any, param_group: dict[str, Any]) -> None:
+    """torch's own: lr stays a float, as with torch.optim.AdamW, so that the scheduler, the
+    step records and the JSON train state see a number (torchao turns it into a tensor, for
+    its compiled step; `_step` hands the step a tensor)."""
+    torch.optim.Optimizer.add_param_group(self, param_group)
 
 
 @torch.no_grad()
@@ -127,6 +135,8 @@ def _step(self: Any, closure: Any = None) -> Any:
         update = torch.compile(single_param_adam, fullgraph=True, dynamic=False)
     with torch._dynamo.utils.disable_cache_limit():  # one graph per shard shape, by design
         for group in self.param_groups:
+            # a tensor: a float would be a constant of the compiled graph (one per lr value)
+            lr = torch.tensor(group["lr"], dtype=torch.float32)
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -138,10 +148,6 @@ def _step(self: Any, closure: Any = None) -> Any:
                     if group["amsgrad"]:
                         state["max_exp_avg_sq"] = self._new_buffer(p, False)
                 state["step"] += 1
-                if not isinstance(group["lr"], torch.Tensor):
-                    raise RuntimeError(
-                        "lr must stay a tensor: set it with param_groups[i]['lr'].fill_(lr)"
-                    )
                 update(
                     p.detach(),  # torchao: compile + FSDP2 need the detached DTensor
                     p.grad,
@@ -149,7 +155,7 @@ def _step(self: Any, closure: Any = None) -> Any:
                     state["exp_avg"],
                     state["exp_avg_sq"],
                     state.get("max_exp_avg_sq", None),
-                    group["lr"],
+                    lr,
                     group["betas"][0],
                     group["betas"][1],
                     group["weight_decay"],
