@@ -158,6 +158,15 @@ def test_lr_stays_a_float_and_follows_the_schedule_of_adamw(name):
     assert lrs[name] == lrs["adamw"]
 
 
+@pytest.mark.parametrize(
+    ("setting", "compiled"), [("auto", False), ("True", True), ("true", True), ("false", False)]
+)
+def test_compile_step_auto_compiles_on_cuda_only(setting, compiled):
+    # 'True': what Hydra makes of optim.compile_step=true in a str field.
+    cfg = OptimConfig(name="adamw8bit", compile_step=setting)
+    assert build_optimizer(nn.Linear(64, 128), cfg).compile_step is compiled  # a CPU model
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LOW_BIT)
 def test_the_compiled_step_matches_the_eager_one(name):

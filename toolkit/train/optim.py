@@ -15,8 +15,8 @@ __all__ = ["build_optimizer", "build_scheduler", "lr_factor", "state_bytes_per_p
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """AdamW for `cfg.name` (fp32 states, or low-bit ones: toolkit.train.lowbit); no weight
-    decay on 1-D parameters (norms, biases). The low-bit step is compiled on CUDA only (on
-    CPU compiling costs more than it saves: docs/kernels.md)."""
+    decay on 1-D parameters (norms, biases). The low-bit step is compiled as
+    `cfg.compile_step` says (auto: on CUDA only; docs/kernels.md)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [
@@ -25,9 +25,12 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     ]
     if cfg.name != "adamw":
         on_cuda = next(model.parameters()).device.type == "cuda"
+        compile_step = str(cfg.compile_step).lower() == "true" or (
+            str(cfg.compile_step).lower() == "auto" and on_cuda
+        )
         betas = (cfg.beta1, cfg.beta2)
         return build_lowbit(
-            groups, cfg.name, lr=cfg.lr, betas=betas, eps=cfg.eps, compile_step=on_cuda
+            groups, cfg.name, lr=cfg.lr, betas=betas, eps=cfg.eps, compile_step=compile_step
         )
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True
