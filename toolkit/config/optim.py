@@ -19,8 +19,9 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     # Low-bit names only: torch.compile the library's per-parameter step. auto: on CUDA only
-    # (on CPU the first step compiles for ~1-2 min on 2 cores, then steps ~19x faster than
-    # eager: true pays off for runs of more than a few hundred steps; docs/BENCHMARKS.md).
+    # (on CPU the first step compiles for ~1 min on 2 cores with a cold inductor cache, then
+    # steps ~5x faster than eager: true pays off for runs of hundreds of steps;
+    # docs/kernels.md).
     compile_step: str = "auto"  # auto | true | false
 
     # adamw: torch.optim.AdamW, fp32 states. adamw8bit / adamw_lowmem: low-bit optimizer
