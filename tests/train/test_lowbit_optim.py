@@ -243,3 +243,15 @@ def test_a_two_rank_adamw8bit_checkpoint_loads_on_one_rank(lowbit_run, tmp_path)
     # quantised: their saved fp32 values are rounded to 8 bits once, and the log says so.
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "re-quantised with rounding" in log
+
+
+@pytest.mark.slow
+def test_a_two_rank_adamw_lowmem_run_resumes_bitwise(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    lowmem = ["optim=adamw_lowmem", *CKPT]
+    assert launch(first, *lowmem).returncode == 0
+    source = first / "checkpoints" / "step-00000006"
+    done = launch(second, *lowmem, f"checkpoint.resume_from={source}")
+    assert done.returncode == 0, done.stderr
+    assert losses(second) == {s: losses(first)[s] for s in (7, 8)}
+    assert losses(first)[8] < losses(first)[1] - 0.3
