@@ -6,7 +6,8 @@ from itertools import pairwise
 import torch
 
 from toolkit.bench.checkpoint.__main__ import main as checkpoint_bench
-from toolkit.bench.checkpoint.stall import Neighbour, summarize_stall
+from toolkit.bench.checkpoint.baselines import Neighbour
+from toolkit.bench.checkpoint.stall import summarize_stall
 from toolkit.bench.checkpoint.writer import measure as writer_bench
 from toolkit.bench.checkpoint.writer import write_copy
 

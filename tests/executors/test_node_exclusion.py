@@ -21,54 +21,25 @@ from pathlib import Path
 
 import pytest
 
+from tests.executors.slurm_jobs import (
+    HOLD_AT_STEP_10,
+    JOB,
+    STEPS,
+    TWO_NODES,
+    events,
+    losses,
+    wait_for,
+)
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 40
-COMMON = [
-    "model=gpt_tiny",
-    "data=text",
-    "data.seq_len=32",
-    f"trainer.steps={STEPS}",
-    "trainer.global_batch_size=8",
-    "trainer.eval_batches=1",
-    "trainer.progress=false",
-    "checkpoint.enabled=true",
-    "checkpoint.interval_steps=5",
-    "cluster=slurm",
-    "cluster.nodes=2",
-    "cluster.time=00:10:00",
-]
-# The step-10 save's writer sleeps 5 s per file: the job holds at step 15 with step 5
-# committed, long enough to take n2 away mid-run (losses are unaffected).
-HOLD = ["fault.save_stall_step=10", "fault.save_stall_s=5"]
+COMMON = [*JOB, *TWO_NODES]
+HOLD = HOLD_AT_STEP_10  # held at step 15 with step 5 committed: time to take n2 away
 
 
 def command(run_dir: Path, *overrides: str) -> list[str]:
     return [sys.executable, "-m", "toolkit.launch", *COMMON, *overrides, f"hydra.run.dir={run_dir}"]
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for line in (run_dir / "metrics" / "rank0.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        out[rec["step"]] = rec["loss"]  # a resumed attempt's steps overwrite the first's
-    return out
-
-
-def events(run_dir: Path, name: str) -> list[dict]:
-    path = run_dir / "metrics" / "events-rank0.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [e for e in map(json.loads, lines) if e["name"] == name]
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def attempts(cluster, job_id: str) -> list[tuple[str, str]]:

@@ -4,30 +4,19 @@ uninterrupted run's, bitwise."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.executors.slurm_jobs import JOB, STEPS, events, losses, wait_for
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 40
-COMMON = [
-    "model=gpt_tiny",
-    "data=text",
-    "data.seq_len=32",
-    f"trainer.steps={STEPS}",
-    "trainer.global_batch_size=8",
-    "trainer.eval_batches=1",
-    "trainer.progress=false",
-    "checkpoint.enabled=true",
-    "checkpoint.interval_steps=5",
-]
+COMMON = JOB
 
 # The job trains 40 steps in about a second: hold it long enough to be signalled mid-run. The
 # writer of the step-5 save sleeps 5 s before each file it opens, so the loop waits for that
@@ -39,30 +28,6 @@ def launch(cluster, run_dir: Path, *overrides: str) -> subprocess.CompletedProce
     cmd = [sys.executable, "-m", "toolkit.launch", *COMMON, *overrides, f"hydra.run.dir={run_dir}"]
     env = dict(cluster.env, PYTHONPATH=str(REPO))
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    out: dict[int, float] = {}
-    path = run_dir / "metrics" / "rank0.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        rec = json.loads(line)
-        out[rec["step"]] = rec["loss"]
-    return out
-
-
-def events(run_dir: Path, name: str) -> list[dict]:
-    path = run_dir / "metrics" / "events-rank0.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [e for e in map(json.loads, lines) if e["name"] == name]
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def job_state(cluster, job_id: str) -> str:

@@ -37,26 +37,31 @@ from pathlib import Path
 BASELINE_FAIL_TO_FIRST_STEP_S = 16.7
 SLURM_REQUEUE_HOLD_S = 120.0
 
-OVERRIDES = [
+# The job (the tiny model, 40 steps, a checkpoint every 5); tests/executors/slurm_jobs.py
+# runs the same one in the Slurm tests of node exclusion and preemption.
+STEPS = 40
+JOB = [
     "model=gpt_tiny",
     "data=text",
     "data.seq_len=32",
-    "trainer.steps=40",
+    f"trainer.steps={STEPS}",
     "trainer.global_batch_size=8",
     "trainer.eval_batches=1",
     "trainer.progress=false",
     "checkpoint.enabled=true",
     "checkpoint.interval_steps=5",
-    "cluster=slurm",
-    "cluster.nodes=2",
-    "cluster.time=00:10:00",
-    "fault.save_stall_step=10",
-    "fault.save_stall_s=5",
 ]
+TWO_NODES = ["cluster=slurm", "cluster.nodes=2", "cluster.time=00:10:00"]
+# The step-10 save's writer sleeps 5 s per file: the job holds at step 15 with step 5
+# committed, long enough to take n2 away mid-run (losses are unaffected).
+HOLD_AT_STEP_10 = ["fault.save_stall_step=10", "fault.save_stall_s=5"]
+
+OVERRIDES = [*JOB, *TWO_NODES, *HOLD_AT_STEP_10]
 
 
 HANG_OVERRIDES = [
-    *(o for o in OVERRIDES if not o.startswith("fault.save_stall")),
+    *JOB,
+    *TWO_NODES,
     "fault.hang_at_step=12",
     "fault.hang_rank=1",
     "fault.hang_timeout_s=10",

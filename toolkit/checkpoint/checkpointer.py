@@ -1,4 +1,5 @@
-"""Sharded DCP saves (async or blocking) with atomic commit, and loads with resharding.
+"""Sharded DCP saves (async or blocking) with atomic commit, and loads with resharding
+(toolkit.checkpoint.loading).
 
 A save: every rank writes its RNG state (JSON) and its shards into `step-<N>.tmp/`; rank 0
 also writes the trainer state and config (JSON). With `async_save`, the training thread
@@ -21,7 +22,6 @@ threads run at `checkpoint.writer_priority` (see toolkit.checkpoint.priority).
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
 from toolkit.checkpoint.discovery import committed_steps
@@ -49,25 +49,17 @@ from toolkit.checkpoint.layout import (
     rng_file,
     tmp_path,
 )
+from toolkit.checkpoint.loading import check_fits, load_into, read_train_state
 from toolkit.checkpoint.manifest import FileEntry, build_manifest, describe_files
 from toolkit.checkpoint.planning import PlanCache
 from toolkit.checkpoint.priority import lower_this_thread
 from toolkit.checkpoint.retention import Purger, steps_to_delete
 from toolkit.checkpoint.staging import build_stager
-from toolkit.checkpoint.state import capture_rng, mismatches, tensor_shapes, to_json_bytes
+from toolkit.checkpoint.state import capture_rng, to_json_bytes
 from toolkit.checkpoint.storage import Storage
-from toolkit.checkpoint.trust import SafeLoadPlanner, first_unsafe
 from toolkit.config.checkpoint import CheckpointConfig
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointMismatch(ValueError):
-    """The checkpoint's tensors do not fit the current model (another model config)."""
-
-    def __init__(self, message: str, problems: list[str] | None = None):
-        super().__init__(message)
-        self.problems = problems or []
 
 
 @dataclass
@@ -157,8 +149,7 @@ class Checkpointer:
         result = SaveResult(step=step, path=tmp, start=start, wait_previous_s=waited)
         try:
             self._write_json(tmp, train_state)
-            model_sd, optim_sd = get_state_dict(model, optimizer)
-            state = {"model": model_sd, "optim": optim_sd}
+            state = state_to_save(model, optimizer)
             writer = result.writer = self.storage.dcp_writer(tmp)
             planner = self._plans.planner() if self._plans is not None else None
             if self._stager is not None:
@@ -343,28 +334,11 @@ class Checkpointer:
         if self._plans is not None:
             self._plans.clear()
 
-    # -- loading -----------------------------------------------------------------------
+    # -- loading (toolkit.checkpoint.loading) -------------------------------------------
     def check_fits(self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Raise CheckpointMismatch when the checkpoint's tensors do not fit the model (keys,
         shapes), reading only its metadata: nothing is touched."""
-        model_sd, _ = get_state_dict(model, optimizer)
-        self._check_fits(
-            path, self.storage.dcp_reader(path).read_metadata(), model_sd, keys_elsewhere(model)
-        )
-
-    @staticmethod
-    def _check_fits(
-        path: Path, metadata: Any, model_sd: dict[str, Any], elsewhere: frozenset[str] = frozenset()
-    ) -> None:
-        problems = mismatches(metadata, tensor_shapes(model_sd, "model"), "model", elsewhere)
-        if problems:
-            shown = "\n  ".join(problems[:30])
-            more = f"\n  ... and {len(problems) - 30} more" if len(problems) > 30 else ""
-            raise CheckpointMismatch(
-                f"checkpoint {path} does not fit this model ({len(problems)} mismatched keys; "
-                f"written with another model config?):\n  {shown}{more}",
-                problems,
-            )
+        check_fits(path, self.storage.dcp_reader(path), model, optimizer)
 
     def load(
         self, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -373,46 +347,17 @@ class Checkpointer:
         state (JSON) and this rank's RNG state (None when the checkpoint had no such rank).
         Checks keys and shapes against the model first: nothing is touched on a mismatch.
         Non-tensor items are read as plain data only (toolkit.checkpoint.trust)."""
-        reader = self.storage.dcp_reader(path)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        self._check_fits(path, reader.read_metadata(), model_sd, keys_elsewhere(model))
-        state = {"model": model_sd, "optim": optim_sd}
-        own_groups = [list(group["params"]) for group in optim_sd.get("param_groups", [])]
-        try:
-            dcp.load(
-                state, storage_reader=reader, planner=SafeLoadPlanner(path), process_group=self.pg
-            )
-        except (Exception, CheckpointException) as exc:
-            unsafe = first_unsafe(exc)
-            if unsafe is not None:  # one line naming the file, not DCP's per-rank report
-                raise unsafe from None
-            raise
-        keep_own_param_names(state["optim"], own_groups)
-        set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-        )
-        train_state = json.loads((path / TRAIN_STATE).read_text())
-        rng_path = path / rng_file(self.rank)
-        rng = json.loads(rng_path.read_text()) if rng_path.is_file() else None
+        load_into(path, self.storage.dcp_reader(path), model, optimizer, self.pg)
+        train_state, rng = read_train_state(path, self.rank)
         self.last_step = int(train_state["step"])
         return train_state, rng
 
 
-def keep_own_param_names(optim_sd: dict[str, Any], own: list[list[str]]) -> None:
-    """After a load, each param group lists this rank's parameters again, with the saved
-    hyperparameters. A checkpoint holds one copy of the groups' parameter names (DCP keeps
-    one rank's), which on a pipeline stage names another stage's parameters; groups match
-    by position (the same optimizer on every rank)."""
-    groups = optim_sd.get("param_groups", [])
-    if len(groups) == len(own):
-        for group, names in zip(groups, own, strict=True):
-            group["params"] = names
-
-
-def keys_elsewhere(model: nn.Module) -> frozenset[str]:
-    """DCP keys of the model's tensors that other ranks hold (a pipeline stage sets
-    `keys_elsewhere` to the other stages' state-dict keys): a checkpoint has them all."""
-    return frozenset(f"model.{k}" for k in getattr(model, "keys_elsewhere", ()))
+def state_to_save(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """What a save writes: DCP's state dicts of model and optimizer (sharded as they are). The
+    save path's one call of get_state_dict (the load path's: loading.load_into)."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd}
 
 
 def _describe(exc: BaseException, path: Path) -> str:

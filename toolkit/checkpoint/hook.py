@@ -17,9 +17,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from toolkit.checkpoint.checkpointer import Checkpointer, CheckpointMismatch, SaveResult
+from toolkit.checkpoint.checkpointer import Checkpointer, SaveResult
 from toolkit.checkpoint.discovery import committed_steps
 from toolkit.checkpoint.layout import CONFIG, checkpoints_dir
+from toolkit.checkpoint.loading import CheckpointMismatch
 from toolkit.checkpoint.manifest import CheckpointCorrupt, CheckpointTooNew
 from toolkit.checkpoint.resume import candidates, choose_together
 from toolkit.checkpoint.state import ConfigRecord, changes_meaning, config_diff, restore_rng

@@ -3,7 +3,8 @@
 The loop knows nothing about checkpointing, telemetry or preemption: those attach as hooks
 (`toolkit.hooks`), called on rank-symmetric points so that collectives inside hooks are
 safe. Per step the loop runs one all-reduce besides the model's own: the loss, the loop's
-own stop vote (time budget) and every hook's votes, summed together.
+own stop vote (time budget) and every hook's votes, summed together. Injected faults (tests,
+drills: the fault group) are a FaultInjector's (toolkit.train.faults), called at four points.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import resource
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -29,11 +28,11 @@ from toolkit.config.fault import FaultConfig
 from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
 from toolkit.distributed.commtime import CommTimer
-from toolkit.distributed.env import restart_count
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
 from toolkit.hooks import Hook, Stop, split_votes
 from toolkit.train.data import Loader
+from toolkit.train.faults import FaultInjector
 from toolkit.train.flops import mfu
 from toolkit.train.steps import Accumulation, StepStrategy
 
@@ -56,13 +55,6 @@ class Heartbeat(Protocol):
     """toolkit.telemetry.heartbeat.Heartbeat: the loop reports its phase boundaries."""
 
     def beat(self, phase: str, step: int) -> None: ...
-
-
-def hang_forever(where: str, step: int, rank: int) -> None:
-    """Injected hang (fault.hang_at_step): block this thread for good, like a deadlock."""
-    log.warning("rank %d hangs %s after step %d (fault.hang_at_step)", rank, where, step)
-    while True:
-        time.sleep(1.0)
 
 
 class Trainer:
@@ -100,18 +92,8 @@ class Trainer:
         self.peak_flops = peak_flops
         self.hooks = hooks or []
         self.grad_clip = grad_clip
-        self.fault = fault or FaultConfig()
         self.comm_timer = comm_timer
         self.heartbeat = heartbeat  # progress for the node agent's hang watchdog
-        # Injected hang: in the job's first attempt only, so that a requeued job resumes
-        # past it (Slurm's restart count; always 0 locally).
-        self._hang_where = (
-            self.fault.hang_where
-            if self.fault.hang_at_step is not None
-            and self.fault.hang_rank == dist.get_rank()
-            and restart_count() == 0
-            else None
-        )
         self.phases: dict[str, float] = {}
         self.eval_metric = eval_metric  # (predictions, targets) -> (sum, count), e.g. rank IC
         # Forward/backward over a step's micro-batches, clipping, eval forwards: the
@@ -120,10 +102,7 @@ class Trainer:
         self.val_metrics: dict[str, float] = {}
         self.layout: dict[str, int] = {}  # mesh degrees, set by the composition root
         self.rank = dist.get_rank()
-        self._node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-        self._straggler_sleep_s = (
-            self.fault.straggler_sleep_s if self.fault.straggler_rank == self.rank else 0.0
-        )
+        self.faults = FaultInjector(fault or FaultConfig(), self.rank)
         self.world_size = dist.get_world_size()
         self.state = TrainState()
         self.losses: list[float] = []
@@ -211,8 +190,7 @@ class Trainer:
         Returns the mean loss, the grad norm, both phases' seconds and the votes summed over
         ranks; the phases in finer grain are left in `self.phases` (seconds)."""
         t0 = time.perf_counter()
-        if self._straggler_sleep_s:
-            time.sleep(self._straggler_sleep_s)  # injected slow rank (fault.straggler_rank)
+        self.faults.compute()
         loss_sum = self.strategy.forward_backward(micro_batches)
         t1 = time.perf_counter()
         grad_norm = self.strategy.clip_grad_norm(self.grad_clip)
@@ -229,8 +207,7 @@ class Trainer:
         # stop vote; .tolist() syncs the device. Ranks without a loss (not the last pipeline
         # stage) add 0: the mean divides by the ranks that hold one.
         votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
-        if self._hang_where == "collective" and self.state.step == self.fault.hang_at_step:
-            hang_forever("before the step's all-reduce", self.state.step, self.rank)
+        self.faults.before_all_reduce(self.state.step)
         summed = torch.cat([loss_sum.view(1), torch.tensor(votes, device=self.device)])
         dist.all_reduce(summed, op=dist.ReduceOp.SUM)
         values = summed.tolist()
@@ -305,17 +282,14 @@ class Trainer:
                 self._beat("data")
                 t_wait = time.perf_counter()
                 data_step, micro_batches = next(self.loader)
-                if self.fault.data_delay_s:
-                    time.sleep(self.fault.data_delay_s)  # injected slow loader
+                self.faults.data_wait()
                 data_wait = time.perf_counter() - t_wait
                 self._beat("step")
-                if self._hang_where == "outside" and self.state.step == self.fault.hang_at_step:
-                    hang_forever("outside collectives", self.state.step, self.rank)
                 if data_step != self.state.step:
                     raise RuntimeError(
                         f"data loader at step {data_step}, trainer at {self.state.step}"
                     )
-                self._inject_failure()
+                self.faults.step_start(self.state.step)
                 lr = self.scheduler.get_last_lr()[0]
                 if self.comm_timer is not None:
                     self.comm_timer.take()  # eval and hooks between steps: not this step's
@@ -377,19 +351,6 @@ class Trainer:
         phase counts as startup (compilation, first allocations, the checkpoint load)."""
         if self.heartbeat is not None:
             self.heartbeat.beat(phase if self.records else "startup", self.state.step)
-
-    def _inject_failure(self) -> None:
-        """fault.fail_at_step / fail_rank: a crashing rank; fault.fail_node: the ranks of that
-        node fail as a bad GPU would (at fail_at_step, default the first step)."""
-        step = self.state.step + 1
-        if self.fault.fail_node is not None:
-            if step == (self.fault.fail_at_step or 1) and self._node == self.fault.fail_node:
-                raise RuntimeError(
-                    f"CUDA error: uncorrectable ECC error encountered (injected on node "
-                    f"{self._node} at step {step}: fault.fail_node)"
-                )
-        elif self.fault.fail_at_step == step and self.rank == self.fault.fail_rank:
-            raise RuntimeError(f"injected failure at step {step} (fault.fail_at_step)")
 
     def _should_eval(self) -> bool:
         every = self.cfg.eval_every

@@ -104,7 +104,7 @@ def build_pipeline(
     everything = set(model.state_dict())
     kept = model.part(mine, first=0 in ids, last=num_stages - 1 in ids)
     # The other stages' keys: a checkpoint holds them, and they still belong to the model
-    # (toolkit.checkpoint.checkpointer.keys_elsewhere).
+    # (toolkit.checkpoint.loading.keys_elsewhere).
     kept.keys_elsewhere = frozenset(everything - set(kept.state_dict()))
     if shape.tp > 1:
         apply_tensor_parallel(kept, mesh["tp"], model_kind)

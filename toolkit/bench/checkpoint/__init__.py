@@ -9,4 +9,5 @@
 
 What they share (their job, a rank's trainer, the plain-write baseline, DCP's defaults put
 back into the toolkit's save) is in `shared`; their ranks start through `toolkit.bench.ranks`.
+`stall` times its trial windows in `windows`, with the baselines of `baselines`.
 """

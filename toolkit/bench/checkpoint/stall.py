@@ -3,13 +3,14 @@ state) and save throughput against the disk's raw write speed.
 
     python -m toolkit.bench.checkpoint stall [--model gpt_125m] [--ranks 2] [--trials 5]
 
-Stall: in each trial the same ranks run N steps several ways, in rotating order, each
-between two windows of N steps without a checkpoint: an async save (`Checkpointer.save`, the
-training hook's code path) after the first step, once per variant (`--variants`); a blocking
-`dcp.save` (the baseline, `sync_dcp_save`) after the first step. An async window ends when
-its save has committed, so a save still running after the last step counts as lost time.
-Lost time per checkpoint = median over trials of (window with it - the mean of the windows
-without a checkpoint right before and after it). Baselines in the same rotation:
+Stall (the windows: toolkit.bench.checkpoint.windows): in each trial the same ranks run N
+steps several ways, in rotating order, each between two windows of N steps without a
+checkpoint: an async save (`Checkpointer.save`, the training hook's code path) after the
+first step, once per variant (`--variants`); a blocking `dcp.save` (the baseline,
+`sync_dcp_save`) after the first step. An async window ends when its save has committed, so
+a save still running after the last step counts as lost time. Lost time per checkpoint =
+median over trials of (window with it - the mean of the windows without a checkpoint right
+before and after it). Baselines in the same rotation (toolkit.bench.checkpoint.baselines):
 `BackgroundRawWrite` (copy + a plain write of the same bytes in a thread: the least any
 async checkpoint can cost) and `sync_dcp_save`. With `--neighbour-cpu-s S`, also a window in
 which another process copies memory for S CPU seconds (`Neighbour`): what that much work
@@ -26,17 +27,15 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from toolkit.bench.checkpoint.baselines import Neighbour
 from toolkit.bench.checkpoint.shared import (
     RESULT,
     bench_job,
-    cpu_seconds,
     discarding_storage,
     local_tensors,
     pickle_every_tensor,
@@ -45,98 +44,9 @@ from toolkit.bench.checkpoint.shared import (
     train_one_step,
     use_dcp_defaults,
 )
+from toolkit.bench.checkpoint.windows import run_trials
 from toolkit.bench.ranks import run_ranks
 from toolkit.hooks import Hook
-
-
-# -- baselines ----------------------------------------------------------------------------
-def sync_dcp_save(state: dict[str, Any], path: Path, pg: Any) -> float:
-    """Baseline: a plain blocking DCP save of the same state (no manifest, no checksums)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemWriter
-
-    t0 = time.perf_counter()
-    dcp.save(state, storage_writer=FileSystemWriter(path), process_group=pg)
-    return time.perf_counter() - t0
-
-
-class BackgroundRawWrite:
-    """Baseline for the lost time: the simplest async checkpoint. Copy this rank's
-    tensors into one CPU buffer on the training thread, then write it with plain file
-    writes + fsync in a thread (no DCP, no checksums, no manifest)."""
-
-    def __init__(self, tensors: list[Any], path: Path):
-        import threading
-
-        import torch
-
-        t0 = time.perf_counter()
-        total = sum(t.numel() * t.element_size() for t in tensors)
-        self.buffer = torch.empty(total, dtype=torch.uint8)
-        offset = 0
-        for t in tensors:
-            n = t.numel() * t.element_size()
-            self.buffer[offset : offset + n].copy_(t.detach().reshape(-1).view(torch.uint8))
-            offset += n
-        self.staging_s = time.perf_counter() - t0
-        self.path = path
-        self.thread = threading.Thread(target=self._write, daemon=True)
-        self.thread.start()
-
-    def _write(self) -> None:
-        _, self.write_s = raw_write([self.buffer], self.path)
-
-    def wait(self) -> None:
-        self.thread.join()
-
-
-def _neighbour_loop(conn: Any, priority: str, buffer_bytes: int) -> None:
-    """The neighbour process: on each request, copy memory until it used that many CPU
-    seconds, then report the CPU seconds it used; None ends it."""
-    import numpy as np
-
-    from toolkit.checkpoint.priority import lower_this_thread
-
-    lower_this_thread(priority)
-    src = np.ones(buffer_bytes, dtype=np.uint8)
-    dst = np.empty_like(src)
-    while (seconds := conn.recv()) is not None:
-        t0 = time.process_time()
-        while time.process_time() - t0 < seconds:
-            dst[:] = src
-        conn.send(time.process_time() - t0)
-
-
-class Neighbour:
-    """Baseline for what any CPU work beside training costs it on this machine: another
-    process, at the checkpoint writer's priority, copying memory (buffers far larger than
-    the CPU caches, as a save streams its state) for a given number of CPU seconds. It
-    shares no GIL and no tensors with training, so on a machine whose cores are independent
-    it costs training nothing; where the "spare" core shares the physical core or memory
-    bandwidth with training's (SMT siblings, a busy VM host), it shows how much."""
-
-    def __init__(self, priority: str, buffer_bytes: int = 512 << 20):
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_neighbour_loop, args=(child, priority, buffer_bytes), daemon=True
-        )
-        self.process.start()
-        self.conn.send(0.0)  # wait until it is up and its buffers are allocated
-        self.conn.recv()
-
-    def start(self, cpu_s: float) -> None:
-        self.conn.send(cpu_s)
-
-    def wait(self) -> float:
-        """The CPU seconds the neighbour used for the last request."""
-        return self.conn.recv()
-
-    def close(self) -> None:
-        self.conn.send(None)
-        self.process.join(timeout=10)
 
 
 class _WaitStaged(Hook):
@@ -188,102 +98,12 @@ def stall_worker(
     # What the checkpoint hook does in the loop: an overlapped copy finishes before the
     # optimizer step changes the state.
     trainer.hooks.append(_WaitStaged(list(ckpts.values())))
-    pg = next(iter(ckpts.values())).pg
-
-    def step() -> None:
-        train_one_step(trainer)
-
     for _ in range(2):  # warm-up: allocation, optimizer state
-        step()
+        train_one_step(trainer)
     neighbour = Neighbour(job.checkpoint.writer_priority) if neighbour_cpu_s > 0 else None
-    modes = ["none", "raw-bg", *ckpts, "sync", *(["neighbour"] if neighbour else [])]
-    neighbour_used: list[float] = []
-    times: dict[str, list[float]] = {m: [] for m in modes}
-    cpu: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
-    # Each measured window sits between two windows without a checkpoint; its reference is
-    # their mean (window time and CPU), so that a drift of the machine's speed cancels.
-    measured = modes[1:]
-    reference: dict[str, list[dict[str, Any]]] = {m: [] for m in measured}
-    raw_bg: list[dict[str, float]] = []
-    saves: dict[str, list[dict[str, Any]]] = {m: [] for m in ckpts}
-    sync_s: list[float] = []
-    baselines = ("raw-bg", "sync")  # measured in every `baselines_every`-th trial only
-    for trial in range(trials):
-        now = [m for m in measured if m not in baselines or trial % baselines_every == 0]
-        rotated = now[trial % len(now) :] + now[: trial % len(now)]
-        order = ["none", *(m for mode in rotated for m in (mode, "none"))]
-        for position, mode in enumerate(order):
-            dist.barrier()
-            cpu0 = cpu_seconds()
-            t0 = time.perf_counter()
-            background = None
-            for i in range(steps):
-                step()
-                if i == 0 and mode == "raw-bg":
-                    m, o = get_state_dict(trainer.model, trainer.optimizer)
-                    background = BackgroundRawWrite(
-                        local_tensors({"model": m, "optim": o}), root / "raw-bg" / f"{rank}.bin"
-                    )
-                elif i == 0 and mode in ckpts:
-                    ckpts[mode].save(
-                        trainer.state.step,
-                        trainer.model,
-                        trainer.optimizer,
-                        {"step": trainer.state.step},
-                    )
-                elif i == 0 and mode == "neighbour":
-                    neighbour.start(neighbour_cpu_s)
-                elif i == 0 and mode == "sync":
-                    m, o = get_state_dict(trainer.model, trainer.optimizer)
-                    sync_s.append(
-                        sync_dcp_save({"model": m, "optim": o}, root / f"sync-{trial}", pg)
-                    )
-            steps_end = time.time()
-            if mode in ckpts:  # a save still running after the last step counts as lost
-                finished = ckpts[mode].wait()
-            if mode == "neighbour":  # like a save, work still running counts as lost
-                neighbour_used.append(neighbour.wait())
-            if background is not None:
-                background.wait()
-                raw_bg.append({"staging_s": background.staging_s, "write_s": background.write_s})
-            dist.barrier()
-            times[mode].append(time.perf_counter() - t0)
-            cpu1 = cpu_seconds()
-            cpu[mode].append({k: cpu1[k] - cpu0[k] for k in cpu0})
-            if mode == "none" and position > 0:  # closes the bracket around the window before
-                before, after = -2, -1
-                reference[order[position - 1]].append(
-                    {
-                        "window_s": (times["none"][before] + times["none"][after]) / 2,
-                        "cpu_s": {
-                            k: (cpu["none"][before][k] + cpu["none"][after][k]) / 2 for k in cpu0
-                        },
-                    }
-                )
-            if rank == 0:
-                print(f"trial {trial} {mode}: {times[mode][-1]:.2f} s", file=sys.stderr, flush=True)
-            if mode in ckpts:
-                for r in finished:
-                    saves[mode].append(
-                        {
-                            "stall_s": r.stall_s,
-                            "staging_s": r.staging_s,
-                            "write_s": r.write_s,
-                            "checksum_s": r.checksum_s,
-                            "commit_s": r.commit_s,
-                            "size_bytes": r.size_bytes,
-                            "finished_before_last_step_end": r.end <= steps_end,
-                            "tail_wait_s": max(0.0, r.end - steps_end),
-                            "writer_priority": r.writer.thread_priority,
-                            "direct_io": r.writer.direct_io,
-                            "error": r.error,
-                        }
-                    )
-            dist.barrier()
-            if rank == 0:
-                for p in [*root.glob("ckpt-*/step-*"), *root.glob("sync-*"), root / "raw-bg"]:
-                    shutil.rmtree(p, ignore_errors=True)
-            dist.barrier()
+    w = run_trials(
+        trainer, ckpts, root, rank, trials, steps, neighbour, neighbour_cpu_s, baselines_every
+    )
     m, o = get_state_dict(trainer.model, trainer.optimizer)
     local = local_tensors({"model": m, "optim": o})
     dist.barrier()
@@ -302,14 +122,14 @@ def stall_worker(
             "world_size": world,
             "steps_per_window": steps,
             "trials": trials,
-            "window_s": times,
-            "reference": reference,
-            "async_saves": saves,
-            "sync_save_s": sync_s,
-            "raw_background": raw_bg,
-            "neighbour_cpu_s": neighbour_used,  # rank 0's neighbour
-            "cpu_s": cpu,
-            "checkpoint_bytes": max(s["size_bytes"] for v in saves.values() for s in v),
+            "window_s": w.times,
+            "reference": w.reference,
+            "async_saves": w.saves,
+            "sync_save_s": w.sync_s,
+            "raw_background": w.raw_bg,
+            "neighbour_cpu_s": w.neighbour_used,  # rank 0's neighbour
+            "cpu_s": w.cpu,
+            "checkpoint_bytes": max(s["size_bytes"] for v in w.saves.values() for s in v),
             "raw_write": {"bytes": total_raw, "seconds": slowest_raw},
         }
         (root / RESULT).write_text(json.dumps(result, indent=1))

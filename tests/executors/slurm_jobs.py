@@ -1,0 +1,43 @@
+"""What the Slurm job tests share (test_node_exclusion.py, test_preemption.py): the job they
+run, the node-failure benchmark's (toolkit.bench.node_failure: one list, not a copy), and
+reading and waiting on its run directory."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from toolkit.bench.node_failure import HOLD_AT_STEP_10, JOB, STEPS, TWO_NODES
+
+__all__ = ["HOLD_AT_STEP_10", "JOB", "STEPS", "TWO_NODES", "events", "losses", "wait_for"]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Loss per step from rank 0's metrics ({} before there are any); a resumed attempt's
+    steps overwrite the first's."""
+    out: dict[int, float] = {}
+    path = run_dir / "metrics" / "rank0.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    """Rank 0's events called `name`, oldest first ([] before there are any)."""
+    path = run_dir / "metrics" / "events-rank0.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["name"] == name]
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str) -> None:
+    """Poll `predicate` until it is true; TimeoutError naming `what` after `timeout_s`."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
