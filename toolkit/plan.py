@@ -264,6 +264,25 @@ def cost_rows(
     return rows
 
 
+def read_prices(path: Path) -> dict[str, float]:
+    """The user's price table: hardware preset -> price per device-hour (no price is built
+    in). Raises ValueError, one line, for a file that is not such a mapping."""
+    from omegaconf import OmegaConf
+
+    from toolkit.config.compose import group_options
+
+    prices = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(prices, dict):
+        raise ValueError(f"{path}: expected a mapping of hardware preset -> price per device-hour")
+    unknown = [n for n in prices if n not in group_options("hardware")]
+    if unknown:
+        raise ValueError(f"{path}: hardware presets {unknown} unknown")
+    try:
+        return {str(k): float(v) for k, v in prices.items()}  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: every price must be a number") from None
+
+
 def rank_agreement(predicted: list[float], measured: list[float]) -> bool:
     """Whether the measured tokens/s keep the predicted order (fastest first)."""
     order = sorted(range(len(measured)), key=lambda i: -measured[i])
@@ -337,9 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5, help="measured steps per --check run")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from omegaconf import OmegaConf
 
-    from toolkit.config.compose import compose_raw, group_options, job_or_none, to_job
+    from toolkit.config.compose import compose_raw, job_or_none, to_job
 
     job = job_or_none(args.overrides)
     if job is None:
@@ -358,15 +376,14 @@ def main(argv: list[str] | None = None) -> int:
     if not plans:
         print("no layout fits in memory")
     if args.cost is not None:
-        prices = OmegaConf.to_container(OmegaConf.load(args.cost))
-        unknown = [n for n in prices if n not in group_options("hardware")]  # type: ignore[union-attr]
-        if not isinstance(prices, dict) or unknown:
-            print(f"error: {args.cost}: hardware presets {unknown} unknown", file=sys.stderr)
+        try:
+            price_table = read_prices(args.cost)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         presets = {
-            n: to_job(compose_raw([*args.overrides, f"hardware={n}"])).hardware for n in prices
+            n: to_job(compose_raw([*args.overrides, f"hardware={n}"])).hardware for n in price_table
         }
-        price_table = {k: float(v) for k, v in prices.items()}
         rows = cost_rows(
             job.model, base, batch, presets, price_table, args.tokens, kernels, optimizers
         )

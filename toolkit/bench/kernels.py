@@ -49,6 +49,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per variant")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend")
     p.add_argument("--out", type=Path, default=None, help="directory for kernels.json")
+    p.add_argument(
+        "--modules", default="", help="comma-separated case modules (default: CASE_MODULES)"
+    )
     return p.parse_args(argv)
 
 
@@ -186,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.kernels.cases import CASE_MODULES
 
     names = {n for n in args.cases.split(",") if n}
-    cases, skipped = collect(CASE_MODULES, names)
+    modules = tuple(m for m in args.modules.split(",") if m) or CASE_MODULES
+    cases, skipped = collect(modules, names)
     for line in skipped:
         print(line)
     unknown = names - {c.name for c in cases}
