@@ -264,25 +264,6 @@ def cost_rows(
     return rows
 
 
-def read_prices(path: Path) -> dict[str, float]:
-    """The user's price table: hardware preset -> price per device-hour (no price is built
-    in). Raises ValueError, one line, for a file that is not such a mapping."""
-    from omegaconf import OmegaConf
-
-    from toolkit.config.compose import group_options
-
-    prices = OmegaConf.to_container(OmegaConf.load(path))
-    if not isinstance(prices, dict):
-        raise ValueError(f"{path}: expected a mapping of hardware preset -> price per device-hour")
-    unknown = [n for n in prices if n not in group_options("hardware")]
-    if unknown:
-        raise ValueError(f"{path}: hardware presets {unknown} unknown")
-    try:
-        return {str(k): float(v) for k, v in prices.items()}  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{path}: every price must be a number") from None
-
-
 def rank_agreement(predicted: list[float], measured: list[float]) -> bool:
     """Whether the measured tokens/s keep the predicted order (fastest first)."""
     order = sorted(range(len(measured)), key=lambda i: -measured[i])
@@ -376,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     if not plans:
         print("no layout fits in memory")
     if args.cost is not None:
+        from toolkit.perfmodel.prices import read_prices
+
         try:
             price_table = read_prices(args.cost)
         except ValueError as exc:

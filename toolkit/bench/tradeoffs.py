@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = check_args(args)
     prices: dict[str, float] = {}
     if args.cost is not None:
-        from toolkit.plan import read_prices
+        from toolkit.perfmodel.prices import read_prices
 
         try:
             prices = read_prices(args.cost)
