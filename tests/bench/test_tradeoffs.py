@@ -48,6 +48,7 @@ def test_divergence_is_max_and_final_abs_delta():
         (["--models", "gpt_huge"], "--models: gpt_huge unknown"),
         (["--settings", "fp64-*"], "--settings=fp64-*: matches none"),
         (["--steps", "0"], "--steps=0: must be >= 1"),
+        (["--rounds", "0"], "--rounds=0: must be >= 1"),
         (["--settings", "bf16-*", "--repeat", "fp32-ac-torch-adamw"], "--repeat="),
         (["precision=bf16"], "precision=bf16: set by the matrix"),
     ],
@@ -99,6 +100,8 @@ def test_matrix_end_to_end_on_gpt_tiny(tmp_path):
     ref, bf16 = rows[REFERENCE], rows["bf16-noac-torch-adamw"]
     # the reference ran twice with the same seed and data: bitwise the same losses
     assert ref["bitwise_reproducible"] is True
+    assert ref["runs"] == len(ref["step_time_s_runs"]) == 2 and bf16["runs"] == 1
+    assert ref["step_time_s_median"] == pytest.approx(sum(ref["step_time_s_runs"]) / 2)
     assert ref["max_abs_delta_loss"] == ref["final_abs_delta_loss"] == 0.0
     # the same tokens for every setting; bf16 leaves the fp32 curve, a little
     assert ref["tokens"] == bf16["tokens"] == 3 * 8 * 128

@@ -4,13 +4,17 @@
 The matrix is precision fp32/bf16 x activation checkpointing off/on x model.kernels
 torch/liger x optim adamw/adamw8bit (settings named like `bf16-ac-liger-adamw8bit`). Every
 setting of every model trains the same tokens (same seed, data, steps) through the training
-benchmark (`python -m toolkit.bench.train`, the real launcher and ranks), and the table
-reports per setting: median step time, peak memory, final validation loss, the divergence of
+benchmark (`python -m toolkit.bench.train`, the real launcher and ranks), --rounds times
+round-robin, and the table reports per setting: median step time (the median of the runs'
+medians), peak memory (the step records' peak: CUDA max_memory_allocated, or on CPU the
+process's max RSS, with its growth over the memory in use before the model was built),
+final validation loss, the divergence of
 its per-step loss from the fp32 reference (`fp32-noac-torch-adamw`, always run: max and
 final |delta loss|), tokens/s and, with --cost (the planner's price table: hardware preset ->
 price per device-hour), the cost per million tokens measured on the run's hardware and
 predicted by the performance model on every priced preset. One setting (--repeat, the
-reference by default) runs twice: are its losses bitwise identical?
+reference by default) runs at least twice, and every setting with --rounds >= 2: are the
+losses of its runs bitwise identical?
 
 A setting whose code is missing (model.kernels=liger without toolkit.kernels.liger, an
 optimizer without its conf/optim preset, a library not installed) is listed with the reason
@@ -24,6 +28,7 @@ import fnmatch
 import itertools
 import json
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -112,7 +117,7 @@ def divergence(curve: list[float], reference: list[float]) -> dict[str, float]:
 
 
 def costs(
-    summary: dict[str, Any], overrides: list[str], prices: dict[str, float]
+    summary: dict[str, Any], tokens_per_s: float, overrides: list[str], prices: dict[str, float]
 ) -> dict[str, float]:
     """Price per million tokens: measured on the run's own hardware preset (when priced), and
     predicted by the performance model (this setting's layout and memory options) on every
@@ -122,9 +127,9 @@ def costs(
 
     out: dict[str, Any] = {}
     world = summary["world_size"]
-    if summary["hardware"] in prices and summary["tokens_per_s"] > 0:
+    if summary["hardware"] in prices and tokens_per_s > 0:
         per_s = prices[summary["hardware"]] * world / 3600.0
-        out["cost_per_mtok_measured"] = per_s / summary["tokens_per_s"] * 1e6
+        out["cost_per_mtok_measured"] = per_s / tokens_per_s * 1e6
     for name, price in prices.items():
         job = to_job(compose_raw([*overrides, f"hardware={name}"]))
         pred = predict_job(job, world)
@@ -150,10 +155,13 @@ def run_setting(
 
 
 def run_matrix(args: argparse.Namespace, out: Path, prices: dict[str, float]) -> list[dict]:
+    """Every selected setting of every model, --rounds times round-robin (A B C A B C: a
+    shared machine's drifts fall on every setting alike; the step time is the median of the
+    runs' medians); the --repeat setting runs at least twice."""
     rows: list[dict[str, Any]] = []
     for model in args.models.split(","):
         model_overrides = [f"model={model}", *MODEL_OVERRIDES.get(model, []), *args.overrides]
-        reference: list[float] | None = None
+        runnable = []
         for setting in select(args.settings):
             row: dict[str, Any] = {"model": model, "setting": setting.name}
             rows.append(row)
@@ -161,34 +169,53 @@ def run_matrix(args: argparse.Namespace, out: Path, prices: dict[str, float]) ->
             if why:
                 row.update(status="unavailable", reason=why)
                 continue
-            overrides = [*model_overrides, *setting.overrides()]
-            repeats = 2 if setting.name == args.repeat else 1
-            curves = []
-            for i in range(repeats):
-                run = out / model / (setting.name + ("" if i == 0 else f"-repeat{i}"))
+            runs = max(args.rounds, 2 if setting.name == args.repeat else 1)
+            row.update(status="ran", runs=runs, curves=[], summaries=[])
+            runnable.append((row, setting, [*model_overrides, *setting.overrides()]))
+        for i in range(max((row["runs"] for row, _, _ in runnable), default=0)):
+            for row, setting, overrides in runnable:
+                if row["status"] != "ran" or i >= row["runs"]:
+                    continue
+                run = out / model / (setting.name + ("" if i == 0 else f"-run{i + 1}"))
                 summary, why = run_setting(args, run, overrides)
                 if summary is None:
                     row.update(status="failed", reason=why)
-                    break
-                curves.append(losses(run))
-            if summary is None:
-                continue
-            row.update(status="ran", run_dir=summary["run_dir"], losses=curves[0])
-            for key in ("step_time_s_median", "peak_memory_bytes", "val_loss", "tokens_per_s"):
-                row[key] = summary[key]
-            row["tokens"] = len(curves[0]) * tokens_per_step(summary)
-            if repeats == 2:
-                row["bitwise_reproducible"] = curves[0] == curves[1]
-                row["repeat_max_abs_delta_loss"] = divergence(curves[1], curves[0])[
-                    "max_abs_delta_loss"
-                ]
-            if setting.name == REFERENCE:
-                reference = curves[0]
-            if reference is not None:
-                row.update(divergence(curves[0], reference))
-            if prices:
-                row.update(costs(summary, overrides, prices))
+                    continue
+                row["curves"].append(losses(run))
+                row["summaries"].append(summary)
+        reference = next((r for r, s, _ in runnable if s.name == REFERENCE), None)
+        for row, _, overrides in runnable:
+            if row["status"] == "ran":
+                summarise(row, reference if reference and reference["status"] == "ran" else None)
+                if prices:
+                    row.update(costs(row["summary"], row["tokens_per_s"], overrides, prices))
+        for row, _, _ in runnable:
+            for key in ("curves", "summaries", "summary"):
+                row.pop(key, None)
     return rows
+
+
+def summarise(row: dict[str, Any], reference: dict[str, Any] | None) -> None:
+    """The row's figures from its runs: the first run's loss curve, validation loss and
+    memory; the median of the runs' median step times; bitwise identity across runs."""
+    first, curves = row["summaries"][0], row["curves"]
+    row["summary"] = first
+    row["run_dir"] = first["run_dir"]
+    row["losses"] = curves[0]
+    for key in ("peak_memory_bytes", "peak_memory_growth_bytes", "val_loss"):
+        row[key] = first[key]
+    medians = [s["step_time_s_median"] for s in row["summaries"]]
+    row["step_time_s_runs"] = medians
+    row["step_time_s_median"] = statistics.median(medians)
+    row["tokens_per_s"] = tokens_per_step(first) / row["step_time_s_median"]
+    row["tokens"] = len(curves[0]) * tokens_per_step(first)
+    if len(curves) > 1:
+        row["bitwise_reproducible"] = all(c == curves[0] for c in curves[1:])
+        row["repeat_max_abs_delta_loss"] = max(
+            divergence(c, curves[0])["max_abs_delta_loss"] for c in curves[1:]
+        )
+    if reference is not None:
+        row.update(divergence(curves[0], reference["curves"][0]))
 
 
 def tokens_per_step(summary: dict[str, Any]) -> int:
@@ -208,12 +235,12 @@ def cell(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
 def table(rows: list[dict[str, Any]], prices: dict[str, float]) -> str:
     priced = sorted({k for r in rows for k in r if k.startswith(PREDICTED)})
     head = (
-        "| model | setting | step ms (median) | peak MiB | val loss | max / final |Δloss| vs fp32 "
+        "| model | setting | runs | step ms (median) | peak MiB (growth) | val loss | max / final |Δloss| vs fp32 "
         "| bitwise repeat | tokens/s | $/Mtok measured"
         + "".join(f" | $/Mtok predicted {k.removeprefix(PREDICTED)}" for k in priced)
         + " |"
     )
-    lines = [head, "|" + "---|" * (9 + len(priced))]
+    lines = [head, "|" + "---|" * (10 + len(priced))]
     for r in rows:
         if r["status"] != "ran":
             lines.append(f"| {r['model']} | {r['setting']} | {r['status']}: {r['reason']} |")
@@ -226,8 +253,11 @@ def table(rows: list[dict[str, Any]], prices: dict[str, float]) -> str:
                 else (f"differs (max {r['repeat_max_abs_delta_loss']:.2e})")
             )
         lines.append(
-            f"| {r['model']} | {r['setting']} | {cell(r, 'step_time_s_median', ',.1f', 1e3)} "
-            f"| {cell(r, 'peak_memory_bytes', ',.1f', 2**-20)} | {cell(r, 'val_loss', '.4f')} "
+            f"| {r['model']} | {r['setting']} | {r['runs']} "
+            f"| {cell(r, 'step_time_s_median', ',.1f', 1e3)} "
+            f"| {cell(r, 'peak_memory_bytes', ',.1f', 2**-20)} "
+            f"({cell(r, 'peak_memory_growth_bytes', ',.1f', 2**-20)}) "
+            f"| {cell(r, 'val_loss', '.4f')} "
             f"| {cell(r, 'max_abs_delta_loss', '.2e')} / {cell(r, 'final_abs_delta_loss', '.2e')} "
             f"| {repeat} | {cell(r, 'tokens_per_s', ',.0f')} "
             f"| {cell(r, 'cost_per_mtok_measured', ',.4f')}"
@@ -237,8 +267,14 @@ def table(rows: list[dict[str, Any]], prices: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def memory_mib(row: dict[str, Any]) -> float:
+    growth = row.get("peak_memory_growth_bytes")
+    return (growth if growth is not None else row["peak_memory_bytes"]) / 2**20
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Loss curves (left) and step time against peak memory (right), one mark per setting."""
+    """Loss curves (left) and step time against peak memory growth (right), one mark per
+    setting."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -249,11 +285,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> Path:
     for r in ran:
         label = f"{r['model']} {r['setting']}"
         curves.plot(range(len(r["losses"])), r["losses"], label=label, linewidth=1)
-        scatter.scatter(r["peak_memory_bytes"] / 2**20, r["step_time_s_median"] * 1e3)
-        scatter.annotate(label, (r["peak_memory_bytes"] / 2**20, r["step_time_s_median"] * 1e3))
+        point = (memory_mib(r), r["step_time_s_median"] * 1e3)
+        scatter.scatter(*point)
+        scatter.annotate(label, point, fontsize=7)
     curves.set(xlabel="step", ylabel="training loss", title="loss per step")
     curves.legend(fontsize=7)
-    scatter.set(xlabel="peak memory (MiB)", ylabel="step time, median (ms)", title="cost")
+    scatter.set(xlabel="peak memory growth (MiB)", ylabel="step time, median (ms)", title="cost")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -271,6 +308,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="measured steps per run")
     p.add_argument("--warmup", type=int, default=2, help="steps left out of the step time")
     p.add_argument("--repeat", default=REFERENCE, help="the setting run twice (bitwise check)")
+    p.add_argument("--rounds", type=int, default=1, help="runs of every setting, round-robin")
     p.add_argument("--cost", type=Path, default=None, help="YAML: hardware preset -> $/device-hour")
     p.add_argument("--out", type=Path, default=None, help="output directory")
     p.add_argument("overrides", nargs="*")
@@ -284,6 +322,8 @@ def check_args(args: argparse.Namespace) -> list[str]:
     problems = []
     if args.steps < 1:
         problems.append(f"--steps={args.steps}: must be >= 1")
+    if args.rounds < 1:
+        problems.append(f"--rounds={args.rounds}: must be >= 1")
     if args.warmup < 0:
         problems.append(f"--warmup={args.warmup}: must be >= 0")
     known = group_options("model")
