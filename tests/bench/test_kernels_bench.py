@@ -137,3 +137,15 @@ def test_bad_arguments_are_one_line(argv, message, capsys, monkeypatch):
     monkeypatch.setattr("toolkit.kernels.cases.CASE_MODULES", (__name__,))
     assert bench.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_case_whose_inputs_cannot_be_made_fails_in_its_rows_only(capsys):
+    def no_inputs(size, dtype, device):
+        raise MemoryError()
+
+    case = KernelCase("no_inputs", no_inputs, reference, FusedGeluMul.apply)
+    args = bench.parse_args(["--compile-backend", "aot_eager"])
+    rows = bench.measure_case(case, args, torch.device("cpu"), torch.float32)
+    assert [r["variant"] for r in rows] == ["eager", "compiled", "kernel"]
+    assert all(r["error"] == "make_inputs: MemoryError" for r in rows)
+    assert "| no_inputs |  | eager | make_inputs: MemoryError |" in bench.table(rows)

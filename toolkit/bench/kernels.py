@@ -82,13 +82,24 @@ def collect(modules: tuple[str, ...], names: set[str]) -> tuple[list[Any], list[
     return cases, skipped
 
 
+def one_line(exc: BaseException) -> str:
+    first = (str(exc).splitlines() or [""])[0][:160]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
 def measure_case(case: Any, args: argparse.Namespace, device: Any, dtype: Any) -> list[dict]:
     """The three variants' rows for one case; a variant that fails gets its error instead."""
     import torch
 
     from toolkit.bench import kernel_measure as km
 
-    inputs = case.make_inputs(args.size, dtype, device)
+    try:
+        inputs = case.make_inputs(args.size, dtype, device)
+    except Exception as exc:  # noqa: BLE001 - e.g. a shape too large for this device
+        error = f"make_inputs: {one_line(exc)}"
+        return [
+            {"case": case.name, "shape": case.shape, "variant": v, "error": error} for v in VARIANTS
+        ]
     fns = {
         "eager": case.reference,
         "compiled": torch.compile(case.reference, backend=args.compile_backend),
@@ -105,7 +116,7 @@ def measure_case(case: Any, args: argparse.Namespace, device: Any, dtype: Any) -
             row["max_abs_diff"] = km.max_abs_difference(fn, case.reference, inputs)
             working[name] = fn
         except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
-            row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            row["error"] = one_line(exc)
         rows[name] = row
     if working and (device.type == "cuda" or args.time):
         times = km.interleaved_times(working, inputs, case.backward, device, args.reps)
