@@ -273,26 +273,32 @@ def memory_mib(row: dict[str, Any]) -> float:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Loss curves (left) and step time against peak memory growth (right), one mark per
-    setting."""
+    """Loss per step (left), its difference from the model's fp32 reference (middle: the
+    curves overlap at the left's scale) and step time against peak memory growth (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ran = [r for r in rows if r["status"] == "ran"]
-    fig, (curves, scatter) = plt.subplots(1, 2, figsize=(13, 5))
+    references = {r["model"]: r["losses"] for r in ran if r["setting"] == REFERENCE}
+    fig, (curves, deltas, scatter) = plt.subplots(1, 3, figsize=(18, 5))
     for r in ran:
         label = f"{r['model']} {r['setting']}"
-        curves.plot(range(len(r["losses"])), r["losses"], label=label, linewidth=1)
+        steps = range(len(r["losses"]))
+        curves.plot(steps, r["losses"], label=label, linewidth=1)
+        if r["model"] in references:
+            diff = [a - b for a, b in zip(r["losses"], references[r["model"]], strict=True)]
+            deltas.plot(steps, diff, label=label, linewidth=1)
         point = (memory_mib(r), r["step_time_s_median"] * 1e3)
         scatter.scatter(*point)
         scatter.annotate(label, point, fontsize=7)
     curves.set(xlabel="step", ylabel="training loss", title="loss per step")
     curves.legend(fontsize=7)
+    deltas.set(xlabel="step", ylabel="loss - fp32 reference", title=f"vs {REFERENCE}")
     scatter.set(xlabel="peak memory growth (MiB)", ylabel="step time, median (ms)", title="cost")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
