@@ -372,18 +372,22 @@ def main(argv: list[str] | None = None) -> int:
     ).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    load_start = os.getloadavg()
     rows = run_matrix(args, out, prices)
     text = table(rows, prices)
     load = os.getloadavg()
     header = (
-        f"tradeoffs: {args.models}, {args.warmup}+{args.steps} steps per run, started {started} "
-        f"UTC, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+        f"tradeoffs: {args.models}, {args.warmup}+{args.steps} steps per run, "
+        f"{args.rounds} round(s), started {started} UTC, load average (1/5/15 min) at the "
+        f"start {' '.join(f'{x:.2f}' for x in load_start)}, at the end "
+        f"{' '.join(f'{x:.2f}' for x in load)}"
     )
     (out / "tradeoffs.md").write_text(header + "\n\n" + text + "\n")
     result = {
         "command": "python -m toolkit.bench.tradeoffs " + " ".join(argv),
         "started_utc": started,
-        "load_average": load,
+        "load_average_start": load_start,
+        "load_average_end": load,
         "reference": REFERENCE,
         "prices": prices,
         "rows": rows,
