@@ -112,6 +112,7 @@ def test_matrix_end_to_end_on_gpt_tiny(tmp_path):
     )
     for r in (ref, bf16):
         assert r["step_time_s_median"] > 0 and r["peak_memory_bytes"] > 0 and r["val_loss"] > 0
+        assert r["predicted_peak_memory_bytes"] > 0
         # 1.0 per device-hour on the run's cpu preset, one rank
         assert r["cost_per_mtok_measured"] == pytest.approx(1.0 / 3600 / r["tokens_per_s"] * 1e6)
         assert r["cost_per_mtok_predicted_h100"] > 0

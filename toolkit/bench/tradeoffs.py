@@ -7,10 +7,10 @@ setting of every model trains the same tokens (same seed, data, steps) through t
 benchmark (`python -m toolkit.bench.train`, the real launcher and ranks), --rounds times
 round-robin, and the table reports per setting: median step time (the median of the runs'
 medians), peak memory (the step records' peak: CUDA max_memory_allocated, or on CPU the
-process's max RSS, with its growth over the memory in use before the model was built),
-final validation loss, the divergence of
-its per-step loss from the fp32 reference (`fp32-noac-torch-adamw`, always run: max and
-final |delta loss|), tokens/s and, with --cost (the planner's price table: hardware preset ->
+process's max RSS, with its growth over the memory in use before the model was built) and
+the performance model's predicted peak for the setting (memory options included), final
+validation loss, the divergence of its per-step loss from the fp32 reference
+(`fp32-noac-torch-adamw`, always run: max and final |delta loss|), tokens/s and, with --cost (the planner's price table: hardware preset ->
 price per device-hour), the cost per million tokens measured on the run's hardware and
 predicted by the performance model on every priced preset. One setting (--repeat, the
 reference by default) runs at least twice, and every setting with --rounds >= 2: are the
@@ -202,7 +202,12 @@ def summarise(row: dict[str, Any], reference: dict[str, Any] | None) -> None:
     row["summary"] = first
     row["run_dir"] = first["run_dir"]
     row["losses"] = curves[0]
-    for key in ("peak_memory_bytes", "peak_memory_growth_bytes", "val_loss"):
+    for key in (
+        "peak_memory_bytes",
+        "peak_memory_growth_bytes",
+        "predicted_peak_memory_bytes",
+        "val_loss",
+    ):
         row[key] = first[key]
     medians = [s["step_time_s_median"] for s in row["summaries"]]
     row["step_time_s_runs"] = medians
@@ -235,12 +240,13 @@ def cell(row: dict[str, Any], key: str, fmt: str, scale: float = 1.0) -> str:
 def table(rows: list[dict[str, Any]], prices: dict[str, float]) -> str:
     priced = sorted({k for r in rows for k in r if k.startswith(PREDICTED)})
     head = (
-        "| model | setting | runs | step ms (median) | peak MiB (growth) | val loss | max / final |Δloss| vs fp32 "
+        "| model | setting | runs | step ms (median) | peak MiB (growth) | predicted peak MiB "
+        "| val loss | max / final |Δloss| vs fp32 "
         "| bitwise repeat | tokens/s | $/Mtok measured"
         + "".join(f" | $/Mtok predicted {k.removeprefix(PREDICTED)}" for k in priced)
         + " |"
     )
-    lines = [head, "|" + "---|" * (10 + len(priced))]
+    lines = [head, "|" + "---|" * (11 + len(priced))]
     for r in rows:
         if r["status"] != "ran":
             lines.append(f"| {r['model']} | {r['setting']} | {r['status']}: {r['reason']} |")
@@ -257,6 +263,7 @@ def table(rows: list[dict[str, Any]], prices: dict[str, float]) -> str:
             f"| {cell(r, 'step_time_s_median', ',.1f', 1e3)} "
             f"| {cell(r, 'peak_memory_bytes', ',.1f', 2**-20)} "
             f"({cell(r, 'peak_memory_growth_bytes', ',.1f', 2**-20)}) "
+            f"| {cell(r, 'predicted_peak_memory_bytes', ',.1f', 2**-20)} "
             f"| {cell(r, 'val_loss', '.4f')} "
             f"| {cell(r, 'max_abs_delta_loss', '.2e')} / {cell(r, 'final_abs_delta_loss', '.2e')} "
             f"| {repeat} | {cell(r, 'tokens_per_s', ',.0f')} "
