@@ -149,3 +149,10 @@ def test_a_case_whose_inputs_cannot_be_made_fails_in_its_rows_only(capsys):
     assert [r["variant"] for r in rows] == ["eager", "compiled", "kernel"]
     assert all(r["error"] == "make_inputs: MemoryError" for r in rows)
     assert "| no_inputs |  | eager | make_inputs: MemoryError |" in bench.table(rows)
+
+
+def test_bytes_are_printed_in_a_unit_that_shows_them():
+    assert bench.human_bytes(512) == "512 B"
+    assert bench.human_bytes(1536) == "1.50 KiB"
+    assert bench.human_bytes(48 * 2**20) == "48.00 MiB"
+    assert bench.human_bytes(3 * 2**30) == "3.00 GiB"

@@ -139,29 +139,36 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
                 r[f"{key}_vs_eager"] = r[key] / base[key]
 
 
-def fmt(row: dict[str, Any], key: str, scale: float, unit: str) -> str:
+def human_bytes(n: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def fmt(row: dict[str, Any], key: str) -> str:
+    """The value (ms for times, bytes with a unit for memory) and its ratio to eager."""
     if key not in row:
         return "—"
     ratio = row.get(f"{key}_vs_eager")
-    text = f"{row[key] * scale:,.3f} {unit}"
+    text = f"{row[key] * 1000:,.3f} ms" if key.startswith("time") else human_bytes(row[key])
     return f"{text} ({ratio:.2f}x)" if ratio is not None else text
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| case | shape | variant | time/call (vs eager) | peak (vs eager) "
+        "| case | shape (bench size) | variant | time/call (vs eager) | peak (vs eager) "
         "| saved for backward (vs eager) | max abs diff vs reference |",
         "|---|---|---|---|---|---|---|",
     ]
-    mib = 1 / 2**20
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['case']} | {r['shape']} | {r['variant']} | {r['error']} |||")
             continue
         lines.append(
             f"| {r['case']} | {r['shape']} | {r['variant']} "
-            f"| {fmt(r, 'time_s_median', 1000, 'ms')} | {fmt(r, 'peak_bytes', mib, 'MiB')} "
-            f"| {fmt(r, 'saved_bytes', mib, 'MiB')} | {r['max_abs_diff']:.3g} |"
+            f"| {fmt(r, 'time_s_median')} | {fmt(r, 'peak_bytes')} "
+            f"| {fmt(r, 'saved_bytes')} | {r['max_abs_diff']:.3g} |"
         )
     return "\n".join(lines)
 
