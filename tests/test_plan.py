@@ -207,3 +207,85 @@ def test_check_runs_a_spread_of_plans_and_says_whether_the_order_holds(tmp_path)
     assert len(rows) == 2  # the best plan and the worst, each measured
     assert all("trainer.grad_accum=" in r and float(r.split("|")[-1]) > 0 for r in rows)
     assert "Spearman rank correlation" in proc.stdout
+
+
+# -- memory options: fused cross-entropy and 8-bit optimizer states ------------------------
+BIG_VOCAB = ModelConfig(name="big_vocab", num_layers=2, dim=256, num_heads=4, vocab_size=65536)
+ONE_GPU = Layout(world_size=1, ranks_per_node=1, micro_batch_size=1, grad_accum=1, seq_len=1024)
+GPU = HardwareConfig(name="synthetic_gpu", peak_flops_fp32=1e14, memory_bytes=1e12)
+
+
+def options_of(plan) -> tuple[str, str]:
+    return plan.layout.kernels, plan.layout.optimizer
+
+
+def test_when_memory_binds_the_plan_uses_fused_loss_and_8bit_states(capsys):
+    from toolkit.plan import KERNEL_OPTIONS, OPTIMIZER_OPTIONS, print_plans
+
+    everything, _ = rank_plans(BIG_VOCAB, ONE_GPU, GPU, 4, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
+    least = {}
+    for p in everything:
+        key = options_of(p)
+        least[key] = min(least.get(key, float("inf")), p.prediction.memory["peak_bytes"])
+    # fp32 AdamW with the full logits needs the most; either option alone is not enough to
+    # reach what both together reach
+    both = least[("liger", "adamw8bit")]
+    others = min(least[k] for k in least if k != ("liger", "adamw8bit"))
+    assert both < others < least[("torch", "adamw")] + 1
+    tight = dataclasses.replace(GPU, memory_bytes=(both + others) / 2)
+    plans, dropped = rank_plans(BIG_VOCAB, ONE_GPU, tight, 4, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
+    assert plans and dropped
+    assert {options_of(p) for p in plans} == {("liger", "adamw8bit")}
+    assert plans[0].overrides()[-2:] == ["model.kernels=liger", "optim=adamw8bit"]
+    print_plans(plans, dropped, 1, "tight")
+    assert "model.kernels=liger optim=adamw8bit" in capsys.readouterr().out
+
+
+def test_when_everything_fits_the_default_stays_first():
+    from toolkit.plan import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
+
+    plans, dropped = rank_plans(BIG_VOCAB, ONE_GPU, GPU, 4, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
+    assert dropped == 0
+    assert options_of(plans[0]) == ("torch", "adamw")  # the options are not faster in the model
+    assert not any(o.startswith(("model.kernels=", "optim=")) for o in plans[0].overrides())
+    # each layout is offered with all four pairs
+    assert len(plans) == 4 * len(layouts(ONE_GPU, 4, BIG_VOCAB))
+
+
+def test_liger_is_offered_only_without_tensor_parallelism():
+    from toolkit.plan import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
+
+    found = layouts(NODE4, 16, WIDE, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
+    assert {lay.tp for lay in found if lay.kernels == "liger"} == {1}
+    assert {lay.optimizer for lay in found if lay.tp > 1} == {"adamw", "adamw8bit"}
+    ts = dataclasses.replace(WIDE, kind="timeseries", num_series=4)
+    assert {lay.kernels for lay in layouts(NODE4, 16, ts, KERNEL_OPTIONS)} == {"torch"}
+
+
+def test_memory_options_need_a_gpu_and_their_code(monkeypatch):
+    import toolkit.config.compose as compose
+    import toolkit.kernels.backend as backend
+    from toolkit.config.job import JobConfig
+    from toolkit.plan import memory_options
+
+    job = JobConfig()
+    assert memory_options(job) == (("torch",), ("adamw",), ["memory options: GPU jobs only"])
+    job.cluster.gpus_per_node = 8
+    monkeypatch.setattr(backend, "importable", lambda name: False)
+    kernels, optimizers, skipped = memory_options(job)
+    assert (kernels, optimizers) == (("torch",), ("adamw",))
+    assert any("model.kernels=liger" in line for line in skipped)
+    monkeypatch.setattr(backend, "importable", lambda name: True)
+    monkeypatch.setattr(compose, "group_options", lambda group: ["adamw", "adamw8bit"])
+    assert memory_options(job) == (("torch", "liger"), ("adamw", "adamw8bit"), [])
+
+
+def test_the_overrides_of_a_memory_bound_plan_compose():
+    from toolkit.config.compose import compose_raw, to_job
+    from toolkit.plan import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
+
+    plans, _ = rank_plans(BIG_VOCAB, ONE_GPU, GPU, 4, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
+    fused = next(p for p in plans if options_of(p) == ("liger", "adamw8bit"))
+    overrides = fused.overrides()
+    job = to_job(compose_raw(["model=gpt_tiny", *overrides]))
+    assert (job.model.kernels, job.optim.name) == ("liger", "adamw8bit")

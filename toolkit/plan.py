@@ -4,9 +4,12 @@ recommend a layout for a fixed global batch, and its cost.
 Enumerates the layouts the toolkit runs for the configured model, hardware, cluster and
 global batch (tensor-parallel degree inside a node, pipeline stages and schedule, FSDP or
 HSDP replicate sizes, micro-batch x accumulation, activation checkpointing,
-reshard_after_forward), drops those the performance model says do not fit, ranks the rest by
-predicted tokens/s and prints the top K with the dominant term and the overrides that run
-each.
+reshard_after_forward, and on GPUs the memory options: the fused linear cross-entropy
+`model.kernels=liger` where tp == 1 and 8-bit optimizer states `optim=adamw8bit`, each only
+where its code is installed), drops those the performance model says do not fit, ranks the
+rest by predicted tokens/s and prints the top K with the dominant term and the overrides that
+run each. The memory options only change memory in the model, so they lead only where memory
+binds (they let a faster layout fit); on a tie the default comes first.
 
 --cost PRICES.yaml (a mapping hardware preset -> price per device-hour, written by the user;
 no price is built in) prints the time and cost to train --tokens N tokens with the best layout
@@ -32,6 +35,11 @@ from toolkit.perfmodel import Layout, Prediction, predict
 MAX_TP = 8  # tensor parallelism beyond one NVLink domain of 8 GPUs is not worth enumerating
 MAX_PP = 16
 PP_SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2))
+DEFAULT_KERNELS = "torch"
+DEFAULT_OPTIMIZER = "adamw"
+# The memory options the planner may enumerate on GPUs (first = the default).
+KERNEL_OPTIONS = (DEFAULT_KERNELS, "liger")
+OPTIMIZER_OPTIONS = (DEFAULT_OPTIMIZER, "adamw8bit")
 
 
 @dataclass(frozen=True)
@@ -53,10 +61,15 @@ class Plan:
             out.append(f"parallel.pp_schedule={lay.pp_schedule}")
             if lay.pp_schedule == "interleaved_1f1b":
                 out.append(f"parallel.pp_virtual_stages={lay.pp_virtual_stages}")
-        return out + [
+        out += [
             f"parallel.activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"parallel.reshard_after_forward={str(lay.reshard_after_forward).lower()}",
         ]
+        if lay.kernels != DEFAULT_KERNELS:
+            out.append(f"model.kernels={lay.kernels}")
+        if lay.optimizer != DEFAULT_OPTIMIZER:
+            out.append(f"optim={lay.optimizer}")  # the optimizer's preset, conf/optim/NAME.yaml
+        return out
 
 
 def divisors(n: int) -> list[int]:
@@ -92,11 +105,31 @@ def pp_options(model: ModelConfig | None, ranks: int) -> list[tuple[int, str, in
     return found
 
 
-def layouts(base: Layout, global_batch: int, model: ModelConfig | None = None) -> list[Layout]:
+def memory_option_pairs(
+    tp: int, model: ModelConfig | None, kernels: tuple[str, ...], optimizers: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    """(model.kernels, optim.name) pairs for one layout, the default first: Liger's fused
+    loss only without tensor parallelism (it needs the whole vocabulary on the rank) and
+    only on the GPT (the time-series model's loss is not a cross-entropy)."""
+    gpt = model is None or model.kind == "gpt"
+    usable = [k for k in kernels if k == DEFAULT_KERNELS or (tp == 1 and gpt)]
+    return [(k, o) for k in usable for o in optimizers]
+
+
+def layouts(
+    base: Layout,
+    global_batch: int,
+    model: ModelConfig | None = None,
+    kernels: tuple[str, ...] | None = None,
+    optimizers: tuple[str, ...] | None = None,
+) -> list[Layout]:
     """Every layout of `global_batch` sequences on base.world_size ranks: tensor-parallel
     degree and pipeline stages/schedule (when `model` is given), replicate groups,
     micro-batch x accumulation (a 1F1B pipeline needs at least as many micro-batches as
-    stages), activation checkpointing and reshard_after_forward."""
+    stages), activation checkpointing and reshard_after_forward; each with every memory
+    option of `kernels` x `optimizers` that applies (None: the base layout's own)."""
+    kernels = (base.kernels,) if kernels is None else kernels
+    optimizers = (base.optimizer,) if optimizers is None else optimizers
     world = base.world_size
     found = []
     for tp in tp_degrees(model, base.ranks_per_node):
@@ -111,31 +144,70 @@ def layouts(base: Layout, global_batch: int, model: ModelConfig | None = None) -
                         continue
                     for ac in (False, True):
                         for reshard in (True, False):
-                            found.append(
-                                dataclasses.replace(
-                                    base,
-                                    tp=tp,
-                                    pp=pp,
-                                    pp_schedule=schedule,
-                                    pp_virtual_stages=v,
-                                    replicate=replicate,
-                                    micro_batch_size=per_rank // accum,
-                                    grad_accum=accum,
-                                    activation_checkpointing=ac,
-                                    reshard_after_forward=reshard,
+                            for kernel, optimizer in memory_option_pairs(
+                                tp, model, kernels, optimizers
+                            ):
+                                found.append(
+                                    dataclasses.replace(
+                                        base,
+                                        tp=tp,
+                                        pp=pp,
+                                        pp_schedule=schedule,
+                                        pp_virtual_stages=v,
+                                        replicate=replicate,
+                                        micro_batch_size=per_rank // accum,
+                                        grad_accum=accum,
+                                        activation_checkpointing=ac,
+                                        reshard_after_forward=reshard,
+                                        kernels=kernel,
+                                        optimizer=optimizer,
+                                    )
                                 )
-                            )
     return found
 
 
 def rank_plans(
-    model: ModelConfig, base: Layout, hw: HardwareConfig, global_batch: int
+    model: ModelConfig,
+    base: Layout,
+    hw: HardwareConfig,
+    global_batch: int,
+    kernels: tuple[str, ...] | None = None,
+    optimizers: tuple[str, ...] | None = None,
 ) -> tuple[list[Plan], int]:
-    """(plans that fit, fastest first; how many did not fit)."""
-    plans = [Plan(lay, predict(model, lay, hw)) for lay in layouts(base, global_batch, model)]
+    """(plans that fit, fastest first; how many did not fit). The sort is stable and the
+    default memory options are enumerated first, so they win ties."""
+    plans = [
+        Plan(lay, predict(model, lay, hw))
+        for lay in layouts(base, global_batch, model, kernels, optimizers)
+    ]
     fitting = [p for p in plans if p.prediction.fits]
     fitting.sort(key=lambda p: -p.prediction.tokens_per_s)
     return fitting, len(plans) - len(fitting)
+
+
+def memory_options(job: JobConfig) -> tuple[tuple[str, ...], tuple[str, ...], list[str]]:
+    """(kernels, optimizers) the planner enumerates for `job`, and one line per option left
+    out with the reason. Both need a GPU (Liger's kernels are Triton; on CPU they only run
+    interpreted, for tests) and their code: the Liger wrapper module, the optimizer's
+    preset conf/optim/NAME.yaml and torchao."""
+    from toolkit.config.compose import group_options
+    from toolkit.kernels.backend import importable
+
+    kernels, optimizers = [job.model.kernels], [job.optim.name]
+    skipped = []
+    if job.cluster.gpus_per_node < 1:
+        return tuple(kernels), tuple(optimizers), ["memory options: GPU jobs only"]
+    if job.model.kind != "gpt":
+        skipped.append("model.kernels=liger: the GPT's loss only")
+    elif not (importable("toolkit.kernels.liger") and importable("liger_kernel")):
+        skipped.append("model.kernels=liger: toolkit.kernels.liger or liger_kernel missing")
+    else:
+        kernels = list(dict.fromkeys([*KERNEL_OPTIONS, job.model.kernels]))
+    if "adamw8bit" not in group_options("optim") or not importable("torchao"):
+        skipped.append("optim=adamw8bit: conf/optim/adamw8bit.yaml or torchao missing")
+    else:
+        optimizers = list(dict.fromkeys([*OPTIMIZER_OPTIONS, job.optim.name]))
+    return tuple(kernels), tuple(optimizers), [f"not enumerated: {line}" for line in skipped]
 
 
 def base_layout(job: JobConfig) -> Layout:
@@ -148,6 +220,8 @@ def base_layout(job: JobConfig) -> Layout:
         seq_len=job.data.seq_len,
         param_dtype=job.precision.param_dtype,
         reduce_dtype=job.precision.reduce_dtype,
+        kernels=job.model.kernels,
+        optimizer=job.optim.name,
     )
 
 
@@ -162,12 +236,14 @@ def cost_rows(
     presets: dict[str, HardwareConfig],
     prices: dict[str, float],
     tokens: float,
+    kernels: tuple[str, ...] | None = None,
+    optimizers: tuple[str, ...] | None = None,
 ) -> list[dict[str, object]]:
     """Per priced preset: the best layout's tokens/s, hours and cost for `tokens`; cheapest
     first, presets where nothing fits last."""
     rows: list[dict[str, object]] = []
     for name, price in prices.items():
-        plans, _ = rank_plans(model, base, presets[name], global_batch)
+        plans, _ = rank_plans(model, base, presets[name], global_batch, kernels, optimizers)
         if not plans:
             rows.append({"hardware": name, "fits": False})
             continue
@@ -297,34 +373,38 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    from omegaconf import OmegaConf
 
-    from toolkit.config.compose import compose_raw, group_options, job_or_none, to_job
+    from toolkit.config.compose import compose_raw, job_or_none, to_job
 
     job = job_or_none(args.overrides)
     if job is None:
         return 2
     base = base_layout(job)
     batch = job_global_batch(job, world_size(job.cluster))
-    plans, dropped = rank_plans(job.model, base, job.hardware, batch)
+    kernels, optimizers, skipped = memory_options(job)
+    plans, dropped = rank_plans(job.model, base, job.hardware, batch, kernels, optimizers)
     title = (
         f"{job.model.name} on {base.world_size} x {job.hardware.name}, global batch {batch} "
         f"x {base.seq_len} tokens"
     )
     print_plans(plans, dropped, args.top, title)
+    for line in skipped:
+        print(line)
     if not plans:
         print("no layout fits in memory")
     if args.cost is not None:
-        prices = OmegaConf.to_container(OmegaConf.load(args.cost))
-        unknown = [n for n in prices if n not in group_options("hardware")]  # type: ignore[union-attr]
-        if not isinstance(prices, dict) or unknown:
-            print(f"error: {args.cost}: hardware presets {unknown} unknown", file=sys.stderr)
+        from toolkit.perfmodel.prices import read_prices
+
+        try:
+            price_table = read_prices(args.cost)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         presets = {
-            n: to_job(compose_raw([*args.overrides, f"hardware={n}"])).hardware for n in prices
+            n: to_job(compose_raw([*args.overrides, f"hardware={n}"])).hardware for n in price_table
         }
         rows = cost_rows(
-            job.model, base, batch, presets, {k: float(v) for k, v in prices.items()}, args.tokens
+            job.model, base, batch, presets, price_table, args.tokens, kernels, optimizers
         )
         print(f"cost to train {args.tokens:.3g} tokens on {base.world_size} devices:")
         for r in rows:

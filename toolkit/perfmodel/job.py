@@ -40,6 +40,8 @@ def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
         pp_schedule=par.pp_schedule,
         pp_virtual_stages=par.pp_virtual_stages,
         pp_split=tuple(par.pp_split),
+        kernels=job.model.kernels,
+        optimizer=job.optim.name,
     )
 
 

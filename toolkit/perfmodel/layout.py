@@ -28,6 +28,8 @@ class Layout:
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int = 1
     pp_split: tuple[int, ...] = ()  # blocks per stage (pp x virtual); () = balanced by cost
+    kernels: str = "torch"  # model.kernels: liger runs the fused linear cross-entropy
+    optimizer: str = "adamw"  # optim.name: sets the optimizer state bytes per parameter
 
     @property
     def dp(self) -> int:

@@ -15,9 +15,13 @@ from toolkit.perfmodel import pipeline, tp
 from toolkit.perfmodel.comm import DTYPE_BYTES
 from toolkit.perfmodel.kernels import output_width
 from toolkit.perfmodel.layout import Layout
+from toolkit.perfmodel.memory_options import (
+    fused_cross_entropy,
+    fused_loss_bytes,
+    optimizer_state_bytes_per_param,
+)
 
 FP32 = 4
-ADAM_STATES = 2  # exp_avg, exp_avg_sq (fp32, sharded like the parameters)
 CE_BYTES_PER_LOGIT = 12  # fp32 log-softmax output + its gradient + the input gradient
 
 
@@ -46,7 +50,9 @@ def stage_memory(
 
     params = total * FP32 / shard
     grads = total * FP32 / shard
-    optimizer = ADAM_STATES * total * FP32 / shard
+    # Optimizer states, sharded like the parameters: bytes per parameter by optimizer name
+    # (memory_options.OPTIMIZER_STATE_BYTES: 8 for AdamW's two fp32 states).
+    optimizer = optimizer_state_bytes_per_param(layout.optimizer) * total / shard
     # Unsharded parameters in compute dtype while computing: the root unit (it spans the whole
     # forward and, as FSDP2's root, is not resharded after forward) plus the current block and
     # the one prefetched. Without reshard_after_forward every block stays gathered until its
@@ -72,10 +78,17 @@ def stage_memory(
     m, p, v = layout.grad_accum, layout.pp, layout.virtual_stages
     inflight = pipeline.in_flight(layout.pp_schedule, p, m, v, stage.rank)
     activations = inflight * micro_batch
-    logits = 0.0
+    logits = 0.0  # the loss's transient working set at the start of backward
+    loss_held = 0.0  # what the fused loss keeps from its forward through backward
     if stage.head:
         held = pipeline.logits_in_flight(layout.pp_schedule, m) if p > 1 else 1
-        logits = held * tokens * output_width(model) / layout.tp * CE_BYTES_PER_LOGIT
+        width = output_width(model) / layout.tp
+        if fused_cross_entropy(layout.kernels, model.kind):
+            fused = fused_loss_bytes(tokens, int(width), model.dim, p_bytes)
+            logits = fused["chunk"]
+            loss_held = held * fused["held"]
+        else:
+            logits = held * tokens * width * CE_BYTES_PER_LOGIT
 
     # Peak candidates (the largest is the peak):
     # - backward, first blocks: saved activations all alive, plus either the loss working
@@ -88,7 +101,13 @@ def stage_memory(
     # the first micro-step until the final one reduces it.
     accumulated = total * r_bytes if layout.grad_accum > 1 else 0.0
     backward_peak = (
-        params + optimizer + allgather + activations + accumulated + max(logits, block_staging)
+        params
+        + optimizer
+        + allgather
+        + activations
+        + accumulated
+        + loss_held
+        + max(logits, block_staging)
     )
     block_grads = (total - root) * FP32 / shard
     end_of_backward_peak = params + optimizer + block_grads + root_staging
@@ -101,6 +120,7 @@ def stage_memory(
         "accumulated_grads_bytes": accumulated,
         "activations_bytes": activations,
         "logits_bytes": logits,
+        "loss_held_bytes": loss_held,
     }
     peak = max(backward_peak, end_of_backward_peak, optimizer_peak)
     return {
@@ -120,6 +140,9 @@ def stage_memory(
         "root_staging_bytes": root_staging,
         "activations_bytes": activations,
         "logits_bytes": logits,
+        "loss_held_bytes": loss_held,
+        "fused_cross_entropy": float(fused_cross_entropy(layout.kernels, model.kind)),
+        "optimizer_state_bytes_per_param": optimizer_state_bytes_per_param(layout.optimizer),
         "state_bytes": params + grads + optimizer,
         "backward_peak_bytes": backward_peak,
         "end_of_backward_peak_bytes": end_of_backward_peak,
