@@ -94,3 +94,21 @@ def test_attention_is_measured_at_each_head_dim_the_presets_use():
     assert all(r > 0 for *_, r in rates)
     table = profile.attention_table(rates, {"float32": max(r for *_, r in rates)})
     assert {p.head_dim for p in table} == {16, 32} and max(p.fraction for p in table) == 1.0
+
+
+def test_the_gemms_of_a_preset_are_its_layers_forward_and_backward_shapes():
+    from toolkit.bench.hardware import model_gemm_shapes
+
+    shapes = model_gemm_shapes("gpt_tiny:64")  # dim 64, mlp 256, vocabulary 256, 64 tokens
+    # qkv forward (64 tokens, 3*64 out, 64 in) and its two backward GEMMs: dx, dW
+    assert {(64, 192, 64), (64, 64, 192), (192, 64, 64)} <= set(shapes)
+    assert (64, 256, 64) in shapes  # fc forward (and the head's: vocabulary 256)
+    assert len(shapes) == len(set(shapes))  # each shape measured once
+
+
+def test_a_bad_preset_for_gemms_of_is_one_line(tmp_path, capsys):
+    from toolkit.bench.hardware import main
+
+    assert main(["--dir", str(tmp_path), "--gemms-of", "gpt_nope:64"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --gemms-of gpt_nope:64")

@@ -69,16 +69,38 @@ def seconds_per_call(fn: Callable[[], object], device: torch.device, min_s: floa
     return sorted(times)[1]
 
 
-def matmul_rates(device: torch.device, dtypes: list[str], sizes: tuple[int, ...]):
+def grid_shapes(sizes: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Every (m, n, k) of the cube of `sizes`: skinny to square."""
+    return [(m, n, k) for m in sizes for n in sizes for k in sizes]
+
+
+def model_gemm_shapes(spec: str) -> list[tuple[int, int, int]]:
+    """The GEMMs a training step of each preset runs, forward and both backward GEMMs of every
+    linear, for `spec` = "MODEL:TOKENS[,MODEL:TOKENS...]" (TOKENS = micro-batch x sequence):
+    the model then reads its own shapes' rates instead of the nearest grid point's (a 50k
+    vocabulary head is far outside a CPU grid of 64-1024)."""
+    from toolkit.config.compose import compose_raw, to_job
+
+    shapes: list[tuple[int, int, int]] = []
+    for item in filter(None, spec.split(",")):
+        name, _, tokens = item.partition(":")
+        model = to_job(compose_raw([f"model={name}"])).model
+        width = kernels.output_width(model)
+        for _, m, n, k in kernels.gemm_shapes(model, int(tokens), width):
+            for shape in ((m, n, k), *kernels.backward_shapes(m, n, k)):
+                if shape not in shapes:
+                    shapes.append(shape)
+    return shapes
+
+
+def matmul_rates(device: torch.device, dtypes: list[str], shapes: list[tuple[int, int, int]]):
     rates = []
     for dtype in dtypes:
-        for m in sizes:
-            for n in sizes:
-                for k in sizes:
-                    a = torch.randn(m, k, device=device, dtype=DTYPES[dtype])
-                    b = torch.randn(k, n, device=device, dtype=DTYPES[dtype])
-                    s = seconds_per_call(lambda a=a, b=b: a @ b, device)
-                    rates.append((m, n, k, dtype, profile.gemm_flops(m, n, k) / s))
+        for m, n, k in shapes:
+            a = torch.randn(m, k, device=device, dtype=DTYPES[dtype])
+            b = torch.randn(k, n, device=device, dtype=DTYPES[dtype])
+            s = seconds_per_call(lambda a=a, b=b: a @ b, device)
+            rates.append((m, n, k, dtype, profile.gemm_flops(m, n, k) / s))
     return rates
 
 
@@ -273,13 +295,18 @@ def collective_points(world: int, cuda: bool, tmp: Path) -> dict[str, object]:
     return ast.literal_eval(out.read_text())
 
 
-def measure(world: int, name: str, dtypes: list[str]) -> tuple[HardwareConfig, list[str]]:
+def measure(
+    world: int, name: str, dtypes: list[str], extra_gemms: list[tuple[int, int, int]] = ()
+) -> tuple[HardwareConfig, list[str]]:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     if not cuda:
         torch.set_num_threads(1)  # per-core rates; the model scales by threads per rank
     sizes = GPU_SIZES if cuda else CPU_SIZES
-    mm = matmul_rates(device, dtypes, sizes)
+    extra = list(extra_gemms)
+    mm = matmul_rates(
+        device, dtypes, grid_shapes(sizes) + [x for x in extra if x not in grid_shapes(sizes)]
+    )
     peaks = {d: max(r for *_, dt, r in mm if dt == d) for d in dtypes}
     attn = attention_rates(
         device,
@@ -365,6 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--world", type=int, default=2, help="local ranks for the all-gather")
     p.add_argument("--dtypes", default="float32", help="comma-separated: float32,bfloat16")
+    p.add_argument(
+        "--gemms-of",
+        default="",
+        metavar="MODEL:TOKENS,...",
+        help="also measure the GEMMs of these presets' layers at TOKENS per micro-step "
+        "(micro-batch x sequence), e.g. gpt_125m:128,gpt_small:1024",
+    )
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     dtypes = args.dtypes.split(",")
     bad = [d for d in dtypes if d not in DTYPES]
@@ -375,7 +409,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     out = args.dir.resolve() / "hardware" / f"{args.name}.yaml"
-    hw, comments = measure(args.world, args.name, dtypes)
+    try:
+        gemm_shapes = model_gemm_shapes(args.gemms_of)
+    except Exception as exc:  # noqa: BLE001 - a bad preset name or token count: one line
+        print(f"error: --gemms-of {args.gemms_of}: {exc}", file=sys.stderr)
+        return 2
+    hw, comments = measure(args.world, args.name, dtypes, gemm_shapes)
+    if gemm_shapes:
+        comments.append(f"GEMMs of {args.gemms_of} measured too: {len(gemm_shapes)} shapes")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(profile.profile_yaml(hw, comments))
     print(

@@ -24,9 +24,9 @@ from toolkit.bench.stats import (
     time_to_target,
 )
 from toolkit.config.compose import load_job
-from toolkit.config.shape import micro_batch_size
 from toolkit.events import read_steps
 from toolkit.perfmodel import Prediction, predict_job
+from toolkit.perfmodel.job import layout_from_job
 from toolkit.perfmodel.model import PHASE_OF_TERM, TERMS
 from toolkit.perfmodel.split import MEASURED_FIELD, predicted_split
 from toolkit.redact import redact_text
@@ -102,7 +102,8 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
         "hardware": job.hardware.name,
         "world_size": world,
         "nodes": job.cluster.nodes,
-        "micro_batch_size": micro_batch_size(job.trainer, world),
+        # per data-parallel rank: tp and pp ranks share their group's micro-batch
+        "micro_batch_size": layout_from_job(job, world).micro_batch_size,
         "grad_accum": job.trainer.grad_accum,
         "seq_len": job.data.seq_len,
         "activation_checkpointing": job.parallel.activation_checkpointing,
