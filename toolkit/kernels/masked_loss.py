@@ -93,17 +93,23 @@ except ImportError:  # the reference still works; triton_runs_on() says False
 if triton is not None:
 
     @triton.jit
-    def _loss_fwd(
-        P, T, W, PARTIAL, numel, N, delta,
-        HUBER: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
-    ):  # fmt: skip
-        # One partial sum per program, summed in a fixed order afterwards: deterministic.
+    def _errors(P, T, numel, BLOCK: tl.constexpr):
+        """This program's offsets, the in-bounds mask, the observed mask (a finite target) and
+        the error pred - target in fp32 (0 where not observed; pred is not read there)."""
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         ok = offs < numel
         t = tl.load(T + offs, mask=ok, other=float("nan")).to(tl.float32)
         observed = ok & (t == t) & (tl.abs(t) < float("inf"))
         p = tl.load(P + offs, mask=observed, other=0.0).to(tl.float32)
-        e = tl.where(observed, p - t, 0.0)
+        return offs, ok, observed, tl.where(observed, p - t, 0.0)
+
+    @triton.jit
+    def _loss_fwd(
+        P, T, W, PARTIAL, numel, N, delta,
+        HUBER: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
+    ):  # fmt: skip
+        # One partial sum per program, summed in a fixed order afterwards: deterministic.
+        offs, ok, observed, e = _errors(P, T, numel, BLOCK)
         if HUBER:
             a = tl.abs(e)
             loss = tl.where(a <= delta, 0.5 * e * e, delta * (a - 0.5 * delta))
@@ -118,12 +124,7 @@ if triton is not None:
         GO, P, T, W, DP, numel, N, delta, inv_numel,
         HUBER: tl.constexpr, HAS_WEIGHT: tl.constexpr, BLOCK: tl.constexpr,
     ):  # fmt: skip
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = offs < numel
-        t = tl.load(T + offs, mask=ok, other=float("nan")).to(tl.float32)
-        observed = ok & (t == t) & (tl.abs(t) < float("inf"))
-        p = tl.load(P + offs, mask=observed, other=0.0).to(tl.float32)
-        e = tl.where(observed, p - t, 0.0)
+        offs, ok, observed, e = _errors(P, T, numel, BLOCK)
         if HUBER:
             d = tl.minimum(tl.maximum(e, -delta), delta)  # e inside [-delta, delta], else +-delta
         else:

@@ -74,6 +74,18 @@ except ImportError:  # the reference still works; triton_runs_on() says False
 if triton is not None:
 
     @triton.jit
+    def _tile(X, M, base, n0, N, F, cols, col_ok, BLOCK_N: tl.constexpr):
+        """Rows [n0, n0 + BLOCK_N) of one (batch, time) row's [N, F] block: offsets, the
+        in-bounds mask, the observed mask and x in fp32 (0 where not observed; a missing
+        value, NaN included, is never read)."""
+        ns = n0 + tl.arange(0, BLOCK_N)
+        idx = base + ns[:, None] * F + cols[None, :]
+        ok = (ns[:, None] < N) & col_ok[None, :]
+        m = tl.load(M + idx, mask=ok, other=0) != 0
+        x = tl.load(X + idx, mask=ok & m, other=0.0).to(tl.float32)
+        return idx, ok, m, x
+
+    @triton.jit
     def _norm_fwd(X, M, Y, MEAN, RSTD, N, F, eps, BLOCK_N: tl.constexpr, BLOCK_F: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -82,31 +94,19 @@ if triton is not None:
         total = tl.zeros([BLOCK_F], dtype=tl.float32)
         count = tl.zeros([BLOCK_F], dtype=tl.float32)
         for n0 in range(0, N, BLOCK_N):
-            ns = n0 + tl.arange(0, BLOCK_N)
-            idx = base + ns[:, None] * F + cols[None, :]
-            ok = (ns[:, None] < N) & col_ok[None, :]
-            m = tl.load(M + idx, mask=ok, other=0) != 0
-            x = tl.load(X + idx, mask=ok & m, other=0.0).to(tl.float32)
+            idx, ok, m, x = _tile(X, M, base, n0, N, F, cols, col_ok, BLOCK_N)
             total += tl.sum(tl.where(m, x, 0.0), axis=0)
             count += tl.sum(m.to(tl.float32), axis=0)
         count = tl.maximum(count, 1.0)
         mean = total / count
         sq = tl.zeros([BLOCK_F], dtype=tl.float32)
         for n0 in range(0, N, BLOCK_N):
-            ns = n0 + tl.arange(0, BLOCK_N)
-            idx = base + ns[:, None] * F + cols[None, :]
-            ok = (ns[:, None] < N) & col_ok[None, :]
-            m = tl.load(M + idx, mask=ok, other=0) != 0
-            x = tl.load(X + idx, mask=ok & m, other=0.0).to(tl.float32)
+            idx, ok, m, x = _tile(X, M, base, n0, N, F, cols, col_ok, BLOCK_N)
             d = tl.where(m, x - mean[None, :], 0.0)
             sq += tl.sum(d * d, axis=0)
         rstd = 1.0 / tl.sqrt(sq / count + eps)
         for n0 in range(0, N, BLOCK_N):
-            ns = n0 + tl.arange(0, BLOCK_N)
-            idx = base + ns[:, None] * F + cols[None, :]
-            ok = (ns[:, None] < N) & col_ok[None, :]
-            m = tl.load(M + idx, mask=ok, other=0) != 0
-            x = tl.load(X + idx, mask=ok & m, other=0.0).to(tl.float32)
+            idx, ok, m, x = _tile(X, M, base, n0, N, F, cols, col_ok, BLOCK_N)
             y = tl.where(m, (x - mean[None, :]) * rstd[None, :], 0.0)
             tl.store(Y + idx, y.to(Y.dtype.element_ty), mask=ok)
         stat = row.to(tl.int64) * F + cols
@@ -127,11 +127,7 @@ if triton is not None:
         sum_gy = tl.zeros([BLOCK_F], dtype=tl.float32)
         count = tl.zeros([BLOCK_F], dtype=tl.float32)
         for n0 in range(0, N, BLOCK_N):
-            ns = n0 + tl.arange(0, BLOCK_N)
-            idx = base + ns[:, None] * F + cols[None, :]
-            ok = (ns[:, None] < N) & col_ok[None, :]
-            m = tl.load(M + idx, mask=ok, other=0) != 0
-            x = tl.load(X + idx, mask=ok & m, other=0.0).to(tl.float32)
+            idx, ok, m, x = _tile(X, M, base, n0, N, F, cols, col_ok, BLOCK_N)
             g = tl.load(DY + idx, mask=ok & m, other=0.0).to(tl.float32)
             y = tl.where(m, (x - mean[None, :]) * rstd[None, :], 0.0)
             g = tl.where(m, g, 0.0)
@@ -142,11 +138,7 @@ if triton is not None:
         mean_g = sum_g / count
         mean_gy = sum_gy / count
         for n0 in range(0, N, BLOCK_N):
-            ns = n0 + tl.arange(0, BLOCK_N)
-            idx = base + ns[:, None] * F + cols[None, :]
-            ok = (ns[:, None] < N) & col_ok[None, :]
-            m = tl.load(M + idx, mask=ok, other=0) != 0
-            x = tl.load(X + idx, mask=ok & m, other=0.0).to(tl.float32)
+            idx, ok, m, x = _tile(X, M, base, n0, N, F, cols, col_ok, BLOCK_N)
             g = tl.load(DY + idx, mask=ok & m, other=0.0).to(tl.float32)
             y = (x - mean[None, :]) * rstd[None, :]
             dx = tl.where(m, rstd[None, :] * (g - mean_g[None, :] - y * mean_gy[None, :]), 0.0)
