@@ -2,8 +2,8 @@
 machine and write a hardware profile, DIR/hardware/NAME.yaml, that any toolkit command loads
 with `'hydra.searchpath=[file://DIR]' hardware=NAME` (or copy it into conf/hardware/).
 
-Measured, per device (single kernels: toolkit.bench.kernel_rates) (on CPU per core: one intra-op thread; `cores_per_node` records how many
-cores the node's ranks share): matmul FLOP/s over a grid of GEMM shapes (skinny to square)
+Measured, per device (on CPU per core: one intra-op thread; `cores_per_node` records how many
+cores the node's ranks share; the single kernels in toolkit.bench.kernel_rates): matmul FLOP/s over a grid of GEMM shapes (skinny to square)
 per dtype, causal SDPA forward+backward, memory bandwidth (copy and triad), LayerNorm+GELU
 throughput (as a fraction of the copy bandwidth), the cost of one eager op with autograd,
 host<->device copies (GPU), and for --world N > 1 all-gather latency and bandwidth between N
