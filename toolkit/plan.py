@@ -13,9 +13,9 @@ binds (they let a faster layout fit); on a tie the default comes first.
 
 --cost PRICES.yaml (a mapping hardware preset -> price per device-hour, written by the user;
 no price is built in) prints the time and cost to train --tokens N tokens with the best layout
-on every priced preset, the cheapest first. --check K runs the top K plans locally for a few
-steps through the training benchmark and prints predicted vs measured, and whether the
-predicted order holds.
+on every priced preset, the cheapest first. --check K [--spread] runs K plans locally for a
+few steps through the training benchmark (toolkit.plan_check) and prints predicted vs
+measured and whether the predicted order holds.
 """
 
 from __future__ import annotations
@@ -264,41 +264,6 @@ def cost_rows(
     return rows
 
 
-def rank_agreement(predicted: list[float], measured: list[float]) -> bool:
-    """Whether the measured tokens/s keep the predicted order (fastest first)."""
-    order = sorted(range(len(measured)), key=lambda i: -measured[i])
-    return order == sorted(range(len(predicted)), key=lambda i: -predicted[i])
-
-
-def spearman(predicted: list[float], measured: list[float]) -> float:
-    """Spearman's rank correlation (no ties expected in tokens/s): 1 when the measured order
-    is the predicted one, -1 when reversed."""
-    n = len(predicted)
-    if n < 2:
-        return 1.0
-
-    def ranks(values: list[float]) -> list[int]:
-        order = sorted(range(n), key=lambda i: -values[i])
-        out = [0] * n
-        for rank, i in enumerate(order):
-            out[i] = rank
-        return out
-
-    d2 = sum((a - b) ** 2 for a, b in zip(ranks(predicted), ranks(measured), strict=True))
-    return 1.0 - 6.0 * d2 / (n * (n * n - 1))
-
-
-def spread(plans: list[Plan], k: int) -> list[Plan]:
-    """k plans spread over the ranking (the best, the worst and evenly between): their
-    predicted differences are large enough for a short run on a noisy machine to tell
-    whether the order holds, unlike the top k, which often lie within a few per cent."""
-    if k >= len(plans):
-        return list(plans)
-    if k == 1:
-        return plans[:1]
-    return [plans[round(i * (len(plans) - 1) / (k - 1))] for i in range(k)]
-
-
 def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -318,45 +283,6 @@ def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
             " ".join(p.overrides()),
         )
     Console(width=220).print(table)
-
-
-def check(plans: list[Plan], overrides: list[str], steps: int) -> int:
-    """Run the given plans (the top k, or a spread: `spread`) locally through the training
-    benchmark; print predicted vs measured, whether the order holds and Spearman's rank
-    correlation."""
-    import json
-    import tempfile
-
-    from toolkit.bench.train import main as bench
-
-    predicted, measured = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, p in enumerate(plans):
-            out = Path(tmp) / str(i)
-            code = bench(
-                [
-                    "--warmup",
-                    "2",
-                    "--steps",
-                    str(steps),
-                    "--out",
-                    str(out),
-                    *overrides,
-                    *p.overrides(),
-                ]
-            )
-            if code != 0:
-                print(f"plan {i + 1}: the run failed (exit {code})", file=sys.stderr)
-                return code
-            result = json.loads((out / "bench.json").read_text())
-            predicted.append(p.prediction.tokens_per_s)
-            measured.append(result["tokens_per_s"])
-    print("plan | layout | predicted tokens/s | measured tokens/s | measured/predicted")
-    for i, (p, pr, me) in enumerate(zip(plans, predicted, measured, strict=True), 1):
-        print(f"{i} | {' '.join(p.overrides())} | {pr:,.0f} | {me:,.0f} | {me / pr:.2f}")
-    holds = "holds" if rank_agreement(predicted, measured) else "does not hold"
-    print(f"predicted order {holds}; Spearman rank correlation {spearman(predicted, measured):.2f}")
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -417,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"({' '.join(r['overrides'])})"  # type: ignore[arg-type]
             )
     if args.check:
+        from toolkit.plan_check import check, spread
+
         chosen = spread(plans, args.check) if args.spread else plans[: args.check]
         return check(chosen, args.overrides, args.steps)
     return 0
