@@ -5,16 +5,13 @@ reads TRITON_INTERPRET when the kernel modules are imported."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.kernels.sm90 import compile_for_sm90
 from toolkit.kernels.backend import importable
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPILE = textwrap.dedent(
     """
     import triton
@@ -54,10 +51,5 @@ COMPILE = textwrap.dedent(
 
 @pytest.mark.skipif(not importable("triton"), reason="triton is not installed")
 def test_kernels_compile_to_sm90_cubins(tmp_path) -> None:
-    env = dict(os.environ, PYTHONPATH=REPO, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "compiled 12" in done.stdout
+    stdout = compile_for_sm90(COMPILE, tmp_path)
+    assert "compiled 12" in stdout

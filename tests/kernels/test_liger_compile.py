@@ -8,15 +8,11 @@ kernel modules are imported."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
+from tests.kernels.sm90 import compile_for_sm90
 from toolkit.kernels.backend import importable
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPILE = """
 import triton
 from triton.backends.compiler import GPUTarget
@@ -64,10 +60,5 @@ print("compiled", n)
 
 @pytest.mark.skipif(not importable("liger_kernel"), reason="liger-kernel is not installed")
 def test_liger_kernels_compile_to_sm90_cubins(tmp_path) -> None:
-    env = dict(os.environ, PYTHONPATH=REPO, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "compiled 8" in done.stdout  # 2 dtypes x (LayerNorm fwd, bwd, cross-entropy, scale)
+    stdout = compile_for_sm90(COMPILE, tmp_path)
+    assert "compiled 8" in stdout  # 2 dtypes x (LayerNorm fwd, bwd, cross-entropy, scale)
