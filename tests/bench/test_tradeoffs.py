@@ -119,7 +119,8 @@ def test_matrix_end_to_end_on_gpt_tiny(tmp_path):
 
 def test_a_setting_whose_code_is_missing_is_unavailable_with_the_reason(monkeypatch):
     import toolkit.kernels.backend as backend
-    from toolkit.bench.tradeoffs import Setting, table, unavailable
+    from toolkit.bench.tradeoffs import Setting, unavailable
+    from toolkit.bench.tradeoffs_report import table
 
     model = ["model=gpt_tiny"]
     monkeypatch.setattr(backend, "importable", lambda name: name != "toolkit.kernels.liger")
