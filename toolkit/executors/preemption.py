@@ -115,6 +115,13 @@ def classify(end_unix: float | None, now_unix: float, lead_s: float, slack_s: fl
     return "preemption"
 
 
+# slurmd refuses a batch job whose credential is not newer, to the second, than the
+# revocation of the attempt it just killed ("Job credential revoked", seen on the dev cluster
+# when StartTime=now put a requeued job back on one of its nodes within the same second):
+# Slurm's own ~120 s hold avoids it; a requeue that starts the job at once waits this long.
+RESTART_AFTER_KILL_S = 2.0
+
+
 def requeue(job_id: str, exclude: list[str] | None = None) -> bool:
     """`scontrol requeue` the job, then make it eligible now (Slurm otherwise delays a
     requeued job's start by ~120 s), with `exclude` as its ExcNodeList when given (Slurm
@@ -127,21 +134,40 @@ def requeue(job_id: str, exclude: list[str] | None = None) -> bool:
         detail = getattr(exc, "stderr", "") or exc
         log.error("scontrol requeue %s failed: %s", job_id, detail)
         return False
-    update = ["scontrol", "update", f"JobId={job_id}"]
-    update += [f"ExcNodeList={','.join(exclude)}"] if exclude else []
-    for attempt in range(5):
-        done = subprocess.run(
-            [*update, "StartTime=now"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if done.returncode == 0:
-            break
-        time.sleep(1.0 + attempt)  # the job may still be completing
-    else:
-        log.warning("%s StartTime=now failed: %s", " ".join(update), done.stderr.strip())
+    start_requeued(job_id, exclude, tries=5)
     return True
+
+
+def start_requeued(job_id: str, exclude: list[str] | None = None, tries: int = 6) -> bool:
+    """Make a job Slurm just requeued (by us, or after its attempt ended) eligible now, with
+    `exclude` as its ExcNodeList, no sooner than RESTART_AFTER_KILL_S after the kill."""
+    time.sleep(RESTART_AFTER_KILL_S)
+    return update_pending(job_id, exclude, start_now=True, tries=tries)
+
+
+def update_pending(
+    job_id: str, exclude: list[str] | None = None, start_now: bool = True, tries: int = 6
+) -> bool:
+    """`scontrol update JobId=… [ExcNodeList=…] [StartTime=now]` on the pending job, retried
+    (a requeued job is completing for a moment). Whether it took."""
+    args = ["scontrol", "update", f"JobId={job_id}"]
+    if exclude:
+        args.append(f"ExcNodeList={','.join(exclude)}")
+    if start_now:
+        args.append("StartTime=now")
+    done = None
+    for attempt in range(tries):
+        try:
+            done = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("%s failed: %s", " ".join(args), exc)
+            return False
+        if done.returncode == 0:
+            return True
+        if attempt + 1 < tries:
+            time.sleep(1.0 + attempt)
+    log.warning("%s failed: %s", " ".join(args), done.stderr.strip() if done else "")
+    return False
 
 
 def slurm_job_id(env_source: str) -> str | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from toolkit.executors import badnodes
 from toolkit.executors.exclusion import BadNode, Decision, decide, hostnames
+from toolkit.executors.preemption import start_requeued
 
 log = logging.getLogger(__name__)
 
@@ -183,29 +184,6 @@ def plan(
     return decide(bad, already, up, shape.nodes, shape.enabled)
 
 
-def set_exclude(job_id: str, exclude: list[str], start_now: bool = True, tries: int = 6) -> bool:
-    """`scontrol update JobId=… ExcNodeList=… StartTime=now` on the pending job (retried: a
-    requeued job is completing for a moment)."""
-    args = ["scontrol", "update", f"JobId={job_id}"]
-    if exclude:
-        args.append(f"ExcNodeList={','.join(exclude)}")
-    if start_now:
-        args.append("StartTime=now")
-    done = None
-    for attempt in range(tries):
-        try:
-            done = _run(*args)
-        except (OSError, subprocess.SubprocessError) as exc:
-            log.warning("%s failed: %s", " ".join(args), exc)
-            return False
-        if done.returncode == 0:
-            return True
-        if attempt + 1 < tries:
-            time.sleep(1.0 + attempt)
-    log.warning("%s failed: %s", " ".join(args), done.stderr.strip() if done else "")
-    return False
-
-
 def act(run_dir: Path, job_id: str, decision: Decision) -> None:
     """Record a decision that excludes nodes (excluded_nodes.json), and say it."""
     if decision.added:
@@ -246,7 +224,7 @@ def exclude_while_pending(run_dir: Path, job_id: str, attempt: int, shape: JobSh
         _run("scancel", job_id)
         return decision
     act(run_dir, job_id, decision)
-    set_exclude(job_id, decision.exclude, start_now=True, tries=2)
+    start_requeued(job_id, decision.exclude, tries=2)
     return decision
 
 
@@ -264,7 +242,7 @@ def requeue_after_failure(run_dir: Path, job_id: str, attempt: int, shape: JobSh
     if done.returncode != 0:
         why = done.stderr.strip()
         return Decision(decision.exclude, decision.added, False, f"scontrol requeue failed: {why}")
-    set_exclude(job_id, decision.exclude, start_now=True)
+    start_requeued(job_id, decision.exclude)
     return decision
 
 
