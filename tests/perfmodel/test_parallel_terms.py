@@ -218,8 +218,8 @@ def test_pipeline_step_is_the_slowest_stage_times_m_plus_the_bubble():
     assert p.time["pipeline_bubble_s"] == pytest.approx((4 + 1) * max(per_mb) - 4 * critical)
     assert p.time["bubble_fraction"] == 1 / 5
     total = sum(float(p.time[f"{t}_s"]) for t in (
-        "gemm", "attention", "elementwise", "overhead", "communication", "optimizer",
-        "tp_communication", "pipeline_p2p", "pipeline_bubble"))  # fmt: skip
+        "gemm", "attention", "elementwise", "overhead", "fsdp_copy", "communication",
+        "optimizer", "tp_communication", "pipeline_p2p", "pipeline_bubble"))  # fmt: skip
     assert p.step_s == pytest.approx(total)
     assert p.tokens_per_step == 8 * 4 * 1 * 128  # dp = 1: both ranks share the batch
 

@@ -10,6 +10,7 @@ import pytest
 from toolkit.config.hardware import GemmPoint, HardwareConfig
 from toolkit.config.model import ModelConfig
 from toolkit.perfmodel import Layout, comm, kernels, predict
+from toolkit.train.flops import block_params, param_counts
 
 TINY = ModelConfig(name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256)
 PEAK = HardwareConfig(peak_flops_fp32=1e11, matmul=[])  # no table: fraction 1
@@ -55,6 +56,43 @@ def test_non_gemm_kernels_are_charged_by_bytes():
 
 def test_optimizer_traffic_is_what_foreach_adamw_and_clipping_move():
     assert kernels.optimizer_bytes(1000) == (22 + 3) * 4 * 1000
+
+
+def test_fsdp_copies_move_gather_and_reduce_buffers_even_on_one_rank():
+    # 2 blocks of 300 params + a root of 400, fp32, 2 ranks, resharded: the second block's
+    # forward gather is redone in backward -> 1300 gathered; copy-in (4 + 4) / 2 per gathered
+    # element, copy-out 2 * 4; reduce: chunk_cat 4 + 4, the shard to fp32 (4 + 4) / 2
+    fp32 = comm.fsdp_copy_bytes(
+        total=1000, block=300, blocks=2, shard_size=2, grad_accum=1,
+        param_dtype="float32", reduce_dtype="float32", reshard_after_forward=True,
+    )  # fmt: skip
+    assert fp32 == 1300 * (4 + 8) + 1000 * (8 + 4)
+    # bf16 compute, one rank, 2 micro-steps, kept gathers: 2000 gathered at (4 + 2) + 2 * 2,
+    # reduce at (2 + 4) + (4 + 4), and one accumulation of the unsharded gradient in fp32
+    # (read 2 + 4, write 4)
+    mixed = comm.fsdp_copy_bytes(
+        total=1000, block=300, blocks=2, shard_size=1, grad_accum=2,
+        param_dtype="bfloat16", reduce_dtype="float32", reshard_after_forward=False,
+    )  # fmt: skip
+    assert mixed == 2000 * (6 + 4) + 1000 * (6 + 8) + 1000 * (2 + 8)
+
+
+def test_the_fsdp_copy_term_is_its_bytes_at_the_copy_rate_and_counts_as_compute():
+    layout = Layout(world_size=1, ranks_per_node=1, micro_batch_size=8, grad_accum=1, seq_len=128)
+    full = predict(TINY, layout, dataclasses.replace(PEAK, memory_bandwidth=1e10))
+    slow = predict(
+        TINY, layout, dataclasses.replace(PEAK, memory_bandwidth=1e10, fsdp_copy_fraction=0.25)
+    )
+    moved = comm.fsdp_copy_bytes(
+        total=param_counts(TINY)["total"], block=block_params(TINY.dim, TINY.mlp_ratio),
+        blocks=2, shard_size=1, grad_accum=1, param_dtype="float32",
+        reduce_dtype="float32", reshard_after_forward=True,
+    )  # fmt: skip
+    assert full.time["fsdp_copy_s"] == pytest.approx(moved / 1e10)
+    assert slow.time["fsdp_copy_s"] == pytest.approx(4 * moved / 1e10)
+    added = slow.time["fsdp_copy_s"] - full.time["fsdp_copy_s"]
+    assert slow.step_s - full.step_s == pytest.approx(added)
+    assert slow.time["compute_s"] - full.time["compute_s"] == pytest.approx(added)
 
 
 def test_cpu_ranks_share_the_cores():

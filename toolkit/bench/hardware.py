@@ -45,9 +45,11 @@ from toolkit.config.optim import OptimConfig
 from toolkit.config.parallel import MeshShape, ParallelConfig
 from toolkit.config.precision import PrecisionConfig
 from toolkit.distributed.fsdp import clip_grad_norm_, parallelize
+from toolkit.distributed.host_memory import keep_freed_memory
 from toolkit.distributed.mesh import build_mesh
 from toolkit.perfmodel import comm, kernels, profile
 from toolkit.perfmodel.model import Layout, fsdp_unit_collectives
+from toolkit.train.flops import block_params, param_counts
 from toolkit.train.models import build_model
 from toolkit.train.models.blocks import Block
 from toolkit.train.optim import build_optimizer
@@ -79,11 +81,36 @@ def plain_and_sharded(
     return plain_s, timer(lambda: model(tokens, tokens).backward(), device), model
 
 
-def fsdp_overheads(device: torch.device, tmp: Path) -> tuple[float, float]:
-    """(seconds per FSDP2 unit collective beyond the collective itself, seconds per foreach
-    op of clipping + AdamW over sharded DTensor parameters), from a trivial model (dim 8,
-    4 tokens) on a one-rank mesh: the forward+backward time with FSDP2 minus without, per
-    unit all-gather/reduce-scatter; the clip + step time per op the model counts."""
+# The model FSDP2's data path is measured on: parameters dominate (2 x 12.6 M), compute does
+# not (4 tokens).
+FSDP_PATH_MODEL = ModelConfig(num_layers=2, dim=1024, num_heads=8, vocab_size=256, max_seq_len=8)
+
+
+def copy_bytes(cfg: ModelConfig, world: int) -> float:
+    """Bytes of FSDP2's copy-in/copy-out of one fp32 forward+backward of `cfg` over `world`
+    ranks (toolkit.perfmodel.comm.fsdp_copy_bytes)."""
+    return comm.fsdp_copy_bytes(
+        total=param_counts(cfg)["total"],
+        block=block_params(cfg.dim, cfg.mlp_ratio),
+        blocks=cfg.num_layers,
+        shard_size=world,
+        grad_accum=1,
+        param_dtype="float32",
+        reduce_dtype="float32",
+        reshard_after_forward=True,
+    )
+
+
+def fsdp_overheads(device: torch.device, tmp: Path) -> tuple[float, float, float]:
+    """On a one-rank mesh: (seconds per FSDP2 unit collective beyond its data, seconds per
+    foreach op of clipping + AdamW over sharded DTensor parameters, bytes/s of FSDP2's
+    copy-in/copy-out).
+
+    The per-collective cost is the forward+backward time of a trivial model (dim 8, 4
+    tokens) with FSDP2 minus without, per unit all-gather/reduce-scatter; the copy rate is
+    the same difference for FSDP_PATH_MODEL, less those per-collective costs, over the
+    bytes its copies move (on one rank the collectives move nothing: what FSDP2 adds is its
+    copies and bookkeeping)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{tmp / 'opt'}", rank=0, world_size=1)
     try:
@@ -96,11 +123,15 @@ def fsdp_overheads(device: torch.device, tmp: Path) -> tuple[float, float]:
             optimizer.step()
 
         step_s = seconds_per_call(step, device)
+        big_plain_s, big_sharded_s, _ = plain_and_sharded(FSDP_PATH_MODEL, device, seconds_per_call)
     finally:
         dist.destroy_process_group()
     layout = Layout(world_size=1, ranks_per_node=1, micro_batch_size=1, grad_accum=1, seq_len=4)
     per_collective = max(0.0, sharded_s - plain_s) / fsdp_unit_collectives(cfg, layout)
-    return per_collective, step_s / kernels.optimizer_ops(cfg)
+    bookkeeping = per_collective * fsdp_unit_collectives(FSDP_PATH_MODEL, layout)
+    copy_s = big_sharded_s - big_plain_s - bookkeeping
+    copy_rate = copy_bytes(FSDP_PATH_MODEL, 1) / copy_s if copy_s > 0 else float("inf")
+    return per_collective, step_s / kernels.optimizer_ops(cfg), copy_rate
 
 
 def thread_efficiency(device: torch.device, cores: int) -> float:
@@ -127,6 +158,8 @@ def _allgather_worker(rank: int, world: int, init: str, backend: str, out: str) 
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
+    else:
+        keep_freed_memory()
     torch.set_num_threads(1)
     points = []
     for size in MESSAGE_BYTES:
@@ -148,23 +181,29 @@ def _allgather_worker(rank: int, world: int, init: str, backend: str, out: str) 
     dist.destroy_process_group()
 
 
-def timed_fixed(fn: Callable[[], object], device: torch.device, iters: int = 3) -> float:
-    """Seconds per call over a fixed count (collectives: every rank must call as often)."""
+def timed_fixed(
+    fn: Callable[[], object], device: torch.device, iters: int = 3, batches: int = 5
+) -> float:
+    """Seconds per call, the median of `batches` batches of a fixed count (collectives: every
+    rank must call as often). One batch alone varied 2x between profiles on the 2-core VM."""
     fn()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync(device)
-    return (time.perf_counter() - t0) / iters
+    times = []
+    for _ in range(batches):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) / iters)
+    return sorted(times)[len(times) // 2]
 
 
-def fsdp_path(device: torch.device) -> tuple[float, float, float]:
-    """(bytes each rank receives, collective calls, extra seconds) of one forward+backward
-    of a 2-layer dim-1024 model on 4 tokens with FSDP2 over all ranks, against the same
-    model unsharded: the collectives as FSDP2 runs them (copy-in/out, gloo or NCCL, the
-    reduce-scatter's reduction), with the compute negligible and subtracted."""
-    cfg = ModelConfig(num_layers=2, dim=1024, num_heads=8, vocab_size=256, max_seq_len=8)
+def fsdp_path(device: torch.device) -> tuple[float, float, float, float]:
+    """(bytes each rank receives, collective calls, extra seconds, bytes FSDP2's copies
+    move) of one forward+backward of FSDP_PATH_MODEL on 4 tokens with FSDP2 over all ranks,
+    against the same model unsharded: the collectives as FSDP2 runs them (copy-in/out, gloo
+    or NCCL, the reduce-scatter's reduction), with the compute negligible and subtracted."""
+    cfg = FSDP_PATH_MODEL
     plain_s, sharded_s, _ = plain_and_sharded(cfg, device, timed_fixed)
     c = comm.communication(
         cfg,
@@ -179,6 +218,7 @@ def fsdp_path(device: torch.device) -> tuple[float, float, float]:
         c["allgather_bytes"] + c["reduce_scatter_bytes"],
         c["allgather_calls"] + c["reduce_scatter_calls"],
         max(0.0, sharded_s - plain_s),
+        copy_bytes(cfg, dist.get_world_size()),
     )
 
 
@@ -202,6 +242,7 @@ def measure(
     device = torch.device("cuda" if cuda else "cpu")
     if not cuda:
         torch.set_num_threads(1)  # per-core rates; the model scales by threads per rank
+        keep_freed_memory()  # as the CPU ranks run (toolkit.distributed.host_memory)
     sizes = GPU_SIZES if cuda else CPU_SIZES
     extra = list(extra_gemms)
     mm = matmul_rates(
@@ -231,13 +272,15 @@ def measure(
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        fsdp_overhead, optimizer_overhead = fsdp_overheads(device, Path(tmp))
+        fsdp_overhead, optimizer_overhead, copy_rate = fsdp_overheads(device, Path(tmp))
+        copy_fraction = round(min(1.0, copy_rate / bandwidth), 4)
         if world > 1:
             points = collective_points(world, cuda, Path(tmp))
             latency, raw_link = profile.latency_bandwidth(points["allgather"])  # type: ignore[arg-type]
-            fsdp_bytes, calls, extra_s = points["fsdp"]  # type: ignore[misc]
+            fsdp_bytes, calls, extra_s, moved = points["fsdp"]  # type: ignore[misc]
+            copies_s = moved / (bandwidth * copy_fraction)
             link = profile.fsdp_bandwidth(
-                fsdp_bytes, extra_s, calls * (latency + fsdp_overhead), raw_link
+                fsdp_bytes, extra_s, calls * (latency + fsdp_overhead) + copies_s, raw_link
             )
     if cuda:
         memory_bytes = float(torch.cuda.get_device_properties(device).total_memory)
@@ -262,6 +305,7 @@ def measure(
         op_overhead_s=overhead,
         optimizer_op_overhead_s=optimizer_overhead,
         fsdp_collective_overhead_s=fsdp_overhead,
+        fsdp_copy_fraction=copy_fraction,
         comm_overlap=1.0 if cuda else 0.0,
         cores_per_node=0 if cuda else cores,
         thread_efficiency=efficiency,
@@ -274,6 +318,7 @@ def measure(
     comments = [
         f"Hardware profile of {host} ({device_name}), measured {when}.",
         f"Peaks = best GEMM of the grid; memory copy {mem['copy']:.3e} B/s, triad {mem['triad']:.3e} B/s;",
+        f"FSDP2's copy-in/copy-out measured at {copy_rate:.3e} B/s on one rank;",
         f"all-gather over {world} local ranks: latency {latency:.2e} s, raw bandwidth "
         f"{raw_link:.3e} B/s; bandwidth through FSDP2 (used) {link:.3e} B/s;"
         if world > 1

@@ -60,6 +60,10 @@ class HardwareConfig:
     optimizer_op_overhead_s: float = 1.0e-5
     # per FSDP2 unit all-gather / reduce-scatter: hooks, copy-in/out, DTensor bookkeeping
     fsdp_collective_overhead_s: float = 1.0e-4
+    # FSDP2's copy-in/copy-out (gather and reduce buffers, casts) run at memory_bandwidth x
+    # this: 1 for a device copy kernel into the caching allocator's memory (GPU); measured
+    # on CPU, where each step's buffers are fresh pages the kernel must fault in and zero.
+    fsdp_copy_fraction: float = 1.0
     # Fraction of the compute time behind which FSDP's collectives can hide: 1 with copy
     # engines and separate streams (GPU); 0 where gloo's threads take the same cores (CPU).
     comm_overlap: float = 1.0
@@ -134,6 +138,8 @@ def problems(hw: HardwareConfig) -> list[str]:
             found.append(f"hardware.{f.name}={value}: must be > 0")
     if not 0 < hw.elementwise_fraction <= 1:
         found.append(f"hardware.elementwise_fraction={hw.elementwise_fraction}: must be in (0, 1]")
+    if not 0 < hw.fsdp_copy_fraction <= 1:
+        found.append(f"hardware.fsdp_copy_fraction={hw.fsdp_copy_fraction}: must be in (0, 1]")
     if not 0 < hw.thread_efficiency <= 1:
         found.append(f"hardware.thread_efficiency={hw.thread_efficiency}: must be in (0, 1]")
     if hw.comm_overlap > 1:

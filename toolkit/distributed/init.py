@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 
 import torch
 import torch.distributed as dist
 
 from toolkit.distributed.env import DistEnv
+from toolkit.distributed.host_memory import keep_freed_memory
+
+log = logging.getLogger(__name__)
 
 
 def pick_device(env: DistEnv) -> torch.device:
@@ -38,6 +42,7 @@ def init_distributed(env: DistEnv, timeout_s: float = 600.0) -> torch.device:
     device = pick_device(env)
     if device.type == "cpu":
         torch.set_num_threads(cpu_threads(env))
+        log.info("rank %d: %s", env.rank, keep_freed_memory())
     backend = "nccl" if device.type == "cuda" else "gloo"
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(

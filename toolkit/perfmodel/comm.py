@@ -18,6 +18,7 @@ from toolkit.config.model import ModelConfig
 from toolkit.train.flops import block_params, param_counts
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP32 = 4  # FSDP2 keeps sharded parameters and their gradients in fp32
 SMALL_ALL_REDUCES = 2  # the grad norm's and the loss/stop-vote all-reduce of every step
 
 
@@ -119,6 +120,41 @@ def fsdp_communication(
         "replica_allreduce_calls": units if r > 1 else 0,
         "small_allreduce_calls": SMALL_ALL_REDUCES if shard_size * r > 1 else 0,
     }
+
+
+def fsdp_copy_bytes(
+    *,
+    total: float,
+    block: float,
+    blocks: int,
+    shard_size: int,
+    grad_accum: int,
+    param_dtype: str,
+    reduce_dtype: str,
+    reshard_after_forward: bool,
+) -> float:
+    """Bytes FSDP2's own copies move per step on a rank (memory traffic, not the link's),
+    on one rank as on many (torch.distributed.fsdp._fully_shard._fsdp_collectives):
+
+    * all-gather copy-in: each sharded fp32 parameter is read and written, cast to the
+      param dtype, into the gather buffer (4 + p bytes per shard element);
+    * all-gather copy-out: the gathered buffer is split into the unsharded parameters (read
+      and write p bytes per unsharded element);
+    * reduce-scatter copy-in (chunk_cat): the unsharded gradients are read and written,
+      cast to the reduce dtype, into the reduce buffer (p + r per unsharded element);
+    * the reduced shard becomes the fp32 sharded gradient (r + 4 per shard element);
+    * grad accumulation: every micro-step after the first adds its unsharded gradients into
+      the kept ones, held in the reduce dtype (read p and r, write r per element).
+
+    Gathers and reduces are counted as in `fsdp_communication`."""
+    p = DTYPE_BYTES[param_dtype]
+    r = DTYPE_BYTES[reduce_dtype]
+    regathered = blocks - 1 if reshard_after_forward else 0
+    gathered = grad_accum * (total + regathered * block)
+    allgather = gathered * ((FP32 + p) / shard_size + 2 * p)
+    reduce_scatter = total * ((p + r) + (r + FP32) / shard_size)
+    accumulate = (grad_accum - 1) * total * (p + 2 * r)
+    return allgather + reduce_scatter + accumulate
 
 
 def communication_time(

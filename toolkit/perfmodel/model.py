@@ -92,6 +92,7 @@ PHASE_OF_TERM = {
     "attention": "forward_backward_s",
     "elementwise": "forward_backward_s",
     "overhead": "forward_backward_s",
+    "fsdp_copy": "forward_backward_s",
     "communication": "forward_backward_s",
     "optimizer": "optimizer_s",
     "tp_communication": "forward_backward_s",

@@ -6,7 +6,7 @@ exposed communication, the optimizer step and the checkpoint stall. The model's 
 those parts:
 
     compute                = gemm + attention + elementwise + overhead (op dispatch, FSDP2's
-                             per-unit bookkeeping)
+                             per-unit bookkeeping) + fsdp_copy (FSDP2's copy-in/copy-out)
     exposed_communication  = exposed FSDP2 traffic + tensor-parallel collectives + pipeline
                              sends + the pipeline bubble (a stage waits in its receive) + the
                              small all-reduces (loss, grad norm)

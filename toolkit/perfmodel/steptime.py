@@ -6,8 +6,8 @@ and its point-to-point sends; the pipelined part of the step is the slowest rank
 micro-batch time x (m + (p-1)/v) (toolkit.perfmodel.pipeline). FSDP2 traffic, its exposure
 and the optimizer are per rank on top. Without pp and tp this is the FSDP/HSDP model:
 
-    step_s = gemm + attention + elementwise + overhead + exposed communication + optimizer
-             (+ tp_communication + pipeline_p2p + pipeline_bubble)
+    step_s = gemm + attention + elementwise + overhead + fsdp_copy + exposed communication
+             + optimizer (+ tp_communication + pipeline_p2p + pipeline_bubble)
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from toolkit.perfmodel import kernels, pipeline, tp
 from toolkit.perfmodel.comm import DTYPE_BYTES
 from toolkit.perfmodel.layout import Layout
 
-COMPUTE_TERMS = ("gemm", "attention", "elementwise", "overhead")
+COMPUTE_TERMS = ("gemm", "attention", "elementwise", "overhead")  # per micro-batch
+STEP_COMPUTE_TERMS = (*COMPUTE_TERMS, "fsdp_copy")  # + FSDP2's copies, per step
 EMBEDDING_TENSORS, HEAD_TENSORS = 2, 3  # token + position embeddings; final norm w/b, head
 
 
@@ -55,6 +56,26 @@ def fsdp_traffic(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> d
     if layout.world_size > 1:  # the grad norm and loss all-reduces span every rank
         c["small_allreduce_calls"] = comm_model.SMALL_ALL_REDUCES
     return c
+
+
+def fsdp_copy_s(
+    model: ModelConfig, layout: Layout, hw: HardwareConfig, stage: pipeline.Stage
+) -> float:
+    """Seconds of FSDP2's copy-in/copy-out per step (toolkit.perfmodel.comm.fsdp_copy_bytes)
+    at the rank's copy rate."""
+    params = stage_params(model, layout, stage)
+    copy_bytes = comm_model.fsdp_copy_bytes(
+        total=params["total"],
+        block=params["block"],
+        blocks=stage.blocks,
+        shard_size=layout.shard_size,
+        grad_accum=layout.grad_accum,
+        param_dtype=layout.param_dtype,
+        reduce_dtype=layout.reduce_dtype,
+        reshard_after_forward=layout.reshard_after_forward,
+    )
+    rate = hw.memory_bandwidth * hw.fsdp_copy_fraction
+    return copy_bytes / (rate * kernels.rank_speed(hw, layout.ranks_per_node))
 
 
 def links(hw: HardwareConfig, layout: Layout) -> dict[str, tuple[float, float]]:
@@ -114,7 +135,8 @@ def stage_time(
         * fsdp_unit_collectives(model, layout, stage.blocks)
         * hw.fsdp_collective_overhead_s
     )
-    compute_s = m * sum(per_mb[t] for t in COMPUTE_TERMS) + fsdp_overhead
+    copy_s = fsdp_copy_s(model, layout, hw, stage)
+    compute_s = m * sum(per_mb[t] for t in COMPUTE_TERMS) + fsdp_overhead + copy_s
     traffic = fsdp_traffic(model, layout, stage)
     shard_bw, shard_lat = link["shard"]
     replica_bw, replica_lat = link["replica"]
@@ -139,6 +161,7 @@ def stage_time(
         **{f"{k}_mb_s": v for k, v in per_mb.items()},
         "micro_batch_s": sum(per_mb.values()),
         "fsdp_overhead_s": fsdp_overhead,
+        "fsdp_copy_s": copy_s,
         "fsdp_exposed_s": ct["exposed_s"],
         "fsdp_total_s": ct["total_s"],
         "first_allgather_s": ct["first_allgather_s"],
@@ -172,7 +195,7 @@ def step_time(
     pipelined = pipeline.pipeline_s(slowest, layout.pp_schedule, p, m, v)
 
     def extra(t: dict[str, float]) -> float:
-        return t["fsdp_overhead_s"] + t["fsdp_exposed_s"] + t["optimizer_s"]
+        return t["fsdp_overhead_s"] + t["fsdp_copy_s"] + t["fsdp_exposed_s"] + t["optimizer_s"]
 
     critical = max(range(len(per_stage)), key=lambda i: extra(per_stage[i]))
     t = per_stage[critical]
@@ -181,13 +204,14 @@ def step_time(
         "attention": m * t["attention_mb_s"],
         "elementwise": m * t["elementwise_mb_s"],
         "overhead": m * t["overhead_mb_s"] + t["fsdp_overhead_s"],
+        "fsdp_copy": t["fsdp_copy_s"],
         "communication": t["fsdp_exposed_s"],
         "optimizer": t["optimizer_s"],
         "tp_communication": m * t["tp_communication_mb_s"],
         "pipeline_p2p": m * t["pipeline_p2p_mb_s"],
         "pipeline_bubble": pipelined - m * t["micro_batch_s"],
     }
-    compute_s = sum(terms[k] for k in COMPUTE_TERMS)
+    compute_s = sum(terms[k] for k in STEP_COMPUTE_TERMS)
     step_s = pipelined + extra(t)
     return {
         **{f"{k}_s": val for k, val in terms.items()},
