@@ -61,8 +61,8 @@ class HardwareConfig:
     # per FSDP2 unit all-gather / reduce-scatter: hooks, copy-in/out, DTensor bookkeeping
     fsdp_collective_overhead_s: float = 1.0e-4
     # FSDP2's copy-in/copy-out (gather and reduce buffers, casts) run at memory_bandwidth x
-    # this: 1 for a device copy kernel into the caching allocator's memory (GPU); measured
-    # on CPU, where each step's buffers are fresh pages the kernel must fault in and zero.
+    # this: 1 for a device copy kernel into the caching allocator's memory (GPU, assumed);
+    # toolkit.bench.hardware measures it (fully_shard on a 1-rank mesh minus without).
     fsdp_copy_fraction: float = 1.0
     # Fraction of the compute time behind which FSDP's collectives can hide: 1 with copy
     # engines and separate streams (GPU); 0 where gloo's threads take the same cores (CPU).
