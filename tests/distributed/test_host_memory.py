@@ -16,7 +16,7 @@ from toolkit.distributed.host_memory import keep_freed_memory
 # Allocate, touch and free a 64 MiB buffer (and a small tensor between, as a step does) twelve
 # times; report the minor page faults of the last three rounds. The first rounds fault either
 # way: glibc's aligned allocation needs a little more than the freed block until freed blocks
-# coalesce (RSS then stays flat: toolkit.distributed.host_memory).
+# coalesce (RSS then stays flat: docs/BENCHMARKS.md, "FSDP2 copies and freed memory").
 ROUNDS = """
 import json, resource, sys, torch
 from toolkit.distributed.host_memory import keep_freed_memory

@@ -3,15 +3,16 @@
 By default glibc serves every allocation above its mmap threshold (at most 32 MiB) with fresh
 pages from the kernel and unmaps them on free. A training step allocates and frees the same
 large buffers every time (FSDP2's gather and reduce buffers, unsharded gradients, logits), so
-each step faults in and zeroes those pages again. On the 2-core dev VM that doubled a
-gpt_125m forward+backward on one rank and made it vary 1.3-3.5 s (docs/BENCHMARKS.md). With
+each step faults in and zeroes those pages again. On the 2-core dev VM a gpt_125m step on
+one rank took 2.24 s that way and 1.33 s with this setting (docs/BENCHMARKS.md). With
 mmap off and trimming pushed out, freed blocks stay in the heap and the next step reuses them,
 as the CUDA caching allocator does on a GPU; the cost is that the process keeps its peak
 footprint.
 
 Applied once per CPU rank (toolkit.distributed.init) and by the hardware profile, through
 glibc's public `mallopt`. Left alone where the user set MALLOC_MMAP_MAX_,
-MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES, and where the C library is not glibc.
+MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES, and where the C library is
+not glibc.
 """
 
 from __future__ import annotations

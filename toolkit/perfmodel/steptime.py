@@ -12,6 +12,8 @@ and the optimizer are per rank on top. Without pp and tp this is the FSDP/HSDP m
 
 from __future__ import annotations
 
+from typing import Any
+
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import ModelConfig
 from toolkit.perfmodel import comm as comm_model
@@ -40,18 +42,25 @@ def stage_params(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> d
     return {"block": local["block"], "total": root + stage.blocks * local["block"]}
 
 
-def fsdp_traffic(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, float]:
+def fsdp_units(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, Any]:
+    """What FSDP2 shards on a stage's rank and how it runs, as toolkit.perfmodel.comm's
+    fsdp_communication and fsdp_copy_bytes take it."""
     params = stage_params(model, layout, stage)
+    return {
+        "total": params["total"],
+        "block": params["block"],
+        "blocks": stage.blocks,
+        "shard_size": layout.shard_size,
+        "grad_accum": layout.grad_accum,
+        "param_dtype": layout.param_dtype,
+        "reduce_dtype": layout.reduce_dtype,
+        "reshard_after_forward": layout.reshard_after_forward,
+    }
+
+
+def fsdp_traffic(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, float]:
     c = comm_model.fsdp_communication(
-        total=params["total"],
-        block=params["block"],
-        blocks=stage.blocks,
-        shard_size=layout.shard_size,
-        replicate=layout.replicate,
-        grad_accum=layout.grad_accum,
-        param_dtype=layout.param_dtype,
-        reduce_dtype=layout.reduce_dtype,
-        reshard_after_forward=layout.reshard_after_forward,
+        **fsdp_units(model, layout, stage), replicate=layout.replicate
     )
     if layout.world_size > 1:  # the grad norm and loss all-reduces span every rank
         c["small_allreduce_calls"] = comm_model.SMALL_ALL_REDUCES
@@ -63,17 +72,7 @@ def fsdp_copy_s(
 ) -> float:
     """Seconds of FSDP2's copy-in/copy-out per step (toolkit.perfmodel.comm.fsdp_copy_bytes)
     at the rank's copy rate."""
-    params = stage_params(model, layout, stage)
-    copy_bytes = comm_model.fsdp_copy_bytes(
-        total=params["total"],
-        block=params["block"],
-        blocks=stage.blocks,
-        shard_size=layout.shard_size,
-        grad_accum=layout.grad_accum,
-        param_dtype=layout.param_dtype,
-        reduce_dtype=layout.reduce_dtype,
-        reshard_after_forward=layout.reshard_after_forward,
-    )
+    copy_bytes = comm_model.fsdp_copy_bytes(**fsdp_units(model, layout, stage))
     rate = hw.memory_bandwidth * hw.fsdp_copy_fraction
     return copy_bytes / (rate * kernels.rank_speed(hw, layout.ranks_per_node))
 
