@@ -112,3 +112,22 @@ def test_a_bad_preset_for_gemms_of_is_one_line(tmp_path, capsys):
     assert main(["--dir", str(tmp_path), "--gemms-of", "gpt_nope:64"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --gemms-of gpt_nope:64")
+
+
+def test_a_profile_records_its_speed_probe_and_the_presets_have_none(tmp_path):
+    hw = HardwareConfig(name="box", probe_s=0.0078)
+    assert load_profile(write_profile(tmp_path, hw)).probe_s == 0.0078
+    assert to_job(compose_raw(["hardware=h100"])).hardware.probe_s == 0.0
+
+
+def test_the_speed_probe_times_one_thread_and_leaves_the_thread_count_alone():
+    import torch
+
+    from toolkit.bench.kernel_rates import speed_probe
+    from toolkit.bench.model_check import probe_ratio
+
+    threads = torch.get_num_threads()
+    assert speed_probe(torch.device("cpu")) > 0
+    assert torch.get_num_threads() == threads
+    assert probe_ratio(0.0) is None  # a profile without a probe: no drift to report
+    assert probe_ratio(1e9) < 1  # a huge recorded time: the machine is "faster" now

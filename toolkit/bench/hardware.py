@@ -6,7 +6,8 @@ Measured, per device (on CPU per core: one intra-op thread; `cores_per_node` rec
 cores the node's ranks share; the single kernels in toolkit.bench.kernel_rates): matmul FLOP/s over a grid of GEMM shapes (skinny to square)
 per dtype, causal SDPA forward+backward, memory bandwidth (copy and triad), LayerNorm+GELU
 throughput (as a fraction of the copy bandwidth), the cost of one eager op with autograd,
-host<->device copies (GPU), and for --world N > 1 all-gather latency and bandwidth between N
+host<->device copies (GPU), a fixed one-thread speed probe (`probe_s`: later runs can say how
+fast the machine is then), and for --world N > 1 all-gather latency and bandwidth between N
 local processes (gloo on CPU, NCCL on GPU). The arithmetic that turns timings into the profile
 is toolkit.perfmodel.profile.
 """
@@ -37,6 +38,7 @@ from toolkit.bench.kernel_rates import (
     memory_bandwidth,
     model_gemm_shapes,
     seconds_per_call,
+    speed_probe,
     sync,
 )
 from toolkit.config.hardware import HardwareConfig
@@ -258,6 +260,7 @@ def measure(
     mem = memory_bandwidth(device, (256 << 20) if cuda else (16 << 20))
     bandwidth = max(mem.values())
     elementwise = elementwise_rate(device, 8192 if cuda else 2048, 1024)
+    probe = speed_probe(device)
     overhead = op_overhead(device)
     cores = len(os.sched_getaffinity(0))
     efficiency = thread_efficiency(device, cores)
@@ -310,6 +313,7 @@ def measure(
         cores_per_node=0 if cuda else cores,
         thread_efficiency=efficiency,
         uncertainty=0.25,
+        probe_s=probe,
         threaded_op_overhead_s=threaded_overhead,
         matmul=profile.gemm_table(mm, peaks),
         attention=profile.attention_table(attn, peaks),

@@ -1,7 +1,8 @@
 """What single kernels achieve on one device, for the hardware profile (toolkit.bench.hardware):
 GEMM FLOP/s over a grid of shapes and, on request, over a preset's own layer shapes; causal
 SDPA per sequence and head dim; memory copy/triad bandwidth; LayerNorm+GELU throughput; the
-host-to-device copy (GPU). Each is the median of timed batches (`seconds_per_call`)."""
+host-to-device copy (GPU); a fixed one-thread speed probe. Each is the median of timed
+batches (`seconds_per_call`)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,30 @@ def elementwise_rate(device: torch.device, tokens: int, dim: int) -> float:
         lambda: F.gelu(F.layer_norm(x, (dim,), w, bias), approximate="tanh"), device
     )
     return 2 * 2 * 4 * tokens * dim / secs
+
+
+def speed_probe(device: torch.device) -> float:
+    """Seconds of a fixed piece of work on one thread: a 512^3 GEMM and a tanh GELU forward
+    + backward on 1024 x 1024 values, the median of 5 timed batches. The profile records it
+    (`probe_s`) and toolkit.bench.model_check runs it again before every configuration: on
+    a shared VM the same work takes 1.5x longer some minutes than others, which no
+    prediction from an earlier profile can know."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(512, 512, device=device), torch.randn(512, 512, device=device)
+        x = torch.randn(1024, 1024, device=device, requires_grad=True)
+        grad = torch.randn(1024, 1024, device=device)
+
+        def work() -> None:
+            a @ b
+            torch.autograd.grad(F.gelu(x, approximate="tanh"), x, grad)
+
+        work()
+        times = sorted(seconds_per_call(work, device, min_s=0.02) for _ in range(5))
+        return times[2]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def host_device(device: torch.device, numel: int) -> float:

@@ -5,7 +5,11 @@ For every combination of --models x --worlds x --ac x --accum it runs the traini
 (`python -m toolkit.bench.train`, local ranks) with the measured hardware profile, then prints
 one markdown table: measured and predicted step time (median), their ratio, the measured
 split (compute / exposed communication / optimizer) beside the predicted one, and the predicted
-per-term split. The table also goes to OUT/model_check.md, every run's summary to
+per-term split, and how fast the machine was against the profile: before every configuration
+the profile's speed probe (toolkit.bench.kernel_rates.speed_probe) runs again, and the column
+"probe now / at profile" is its time now over the time recorded in the profile (1.30: the
+same one-thread work took 30 % longer than when the profile was measured; on a shared VM a
+ratio that far from 1 is noise the prediction cannot know). The table also goes to OUT/model_check.md, every run's summary to
 OUT/model_check.json. A benchmark command, not a test: it measures and prints.
 """
 
@@ -59,6 +63,8 @@ def overrides_for(
 
 def row(summary: dict[str, Any], model: str, world: int, ac: bool, accum: int) -> str:
     ms = 1000.0
+    drift = summary.get("probe_ratio")
+    probe = "-" if drift is None else f"{drift:.2f}"
     measured, predicted = summary["step_time_s_median"], summary["predicted_step_s"]
     terms = " / ".join(f"{summary[f'predicted_{t}_s'] * ms:,.1f}" for t in TERMS)
 
@@ -70,22 +76,34 @@ def row(summary: dict[str, Any], model: str, world: int, ac: bool, accum: int) -
         f"| {model} | {world} | {'yes' if ac else 'no'} | {accum} "
         f"| {measured * ms:,.1f} ({summary['step_time_s_p10'] * ms:,.0f}–"
         f"{summary['step_time_s_p90'] * ms:,.0f}) | {predicted * ms:,.1f} "
-        f"| {measured / predicted:.2f} "
+        f"| {measured / predicted:.2f} | {probe} "
         f"| {split('measured')} | {split('predicted')} | {terms} |"
     )
 
 
 HEADER = (
     "| model | ranks | AC | accum | measured ms median (p10–p90) | predicted ms "
-    "| measured / predicted | measured "
+    "| measured / predicted | probe now / at profile | measured "
     + " / ".join(SPLIT)
     + " ms | predicted "
     + " / ".join(SPLIT)
     + " ms | predicted "
     + " / ".join(TERMS)
     + " ms |\n|"
-    + "---|" * 10
+    + "---|" * 11
 )
+
+
+def probe_ratio(profile_probe_s: float) -> float | None:
+    """The speed probe's time now over its time in the profile; None when the profile has
+    no probe (a preset, or a profile from before the probe)."""
+    if profile_probe_s <= 0:
+        return None
+    import torch
+
+    from toolkit.bench.kernel_rates import speed_probe
+
+    return speed_probe(torch.device("cpu")) / profile_probe_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.config.hardware import load_profile
 
     names = {args.profile.format(world=w) for _, w, _, _ in grid(args)}
+    profiles = {}
     try:  # every profile complete and valid before anything runs
         for name in sorted(names):
-            load_profile(args.profile_dir / "hardware" / f"{name}.yaml")
+            profiles[name] = load_profile(args.profile_dir / "hardware" / f"{name}.yaml")
     except ConfigError as exc:
         print("\n".join(f"error: {line}" for line in exc.problems), file=sys.stderr)
         return 2
@@ -122,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     lines, summaries = [HEADER], []
     for model, world, ac, accum in grid(args):
         run = out / f"{model}-w{world}-ac{int(ac)}-a{accum}"
+        drift = probe_ratio(profiles[args.profile.format(world=world)].probe_s)
         code = bench(
             [
                 "--warmup",
@@ -138,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {model} | {world} | {ac} | {accum} | failed (exit {code}) |")
             continue
         summary = json.loads(result.read_text())
+        summary["probe_ratio"] = drift
         summaries.append(summary)
         lines.append(row(summary, model, world, ac, accum))
         (out / "model_check.md").write_text("\n".join(lines) + "\n")  # after every run
@@ -145,7 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     ratios = [s["step_time_s_median"] / s["predicted_step_s"] for s in summaries]
     within = sum(0.75 <= r <= 1.25 for r in ratios)
-    print(f"{within} of {len(ratios)} within +-25 %; table: {out / 'model_check.md'}")
+    drifted = sum(1 for s in summaries if s["probe_ratio"] and abs(s["probe_ratio"] - 1) > 0.1)
+    print(
+        f"{within} of {len(ratios)} within +-25 %; {drifted} ran while the speed probe was "
+        f"more than 10 % off the profile's; table: {out / 'model_check.md'}"
+    )
     return 0
 
 

@@ -78,6 +78,10 @@ class HardwareConfig:
     # Relative uncertainty of a predicted step time on this hardware (0.3: the truth is
     # expected within step/1.3 .. step*1.3), stated by whoever wrote the numbers.
     uncertainty: float = 0.3
+    # Seconds of toolkit.bench.kernel_rates.speed_probe (one thread: a GEMM and a GELU
+    # forward + backward) when the profile was measured; a benchmark that runs the probe
+    # again says how much faster or slower the machine is now. 0: not measured (presets).
+    probe_s: float = 0.0
     matmul: list[GemmPoint] = field(default_factory=list)
     attention: list[AttentionPoint] = field(default_factory=list)
 
@@ -118,6 +122,7 @@ MAY_BE_ZERO = (
     "fsdp_collective_overhead_s",
     "threaded_op_overhead_s",
     "uncertainty",
+    "probe_s",
     "intra_node_latency_s",
     "inter_node_latency_s",
 )
