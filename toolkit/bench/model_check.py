@@ -103,7 +103,8 @@ def probe_ratio(profile_probe_s: float) -> float | None:
 
     from toolkit.bench.kernel_rates import speed_probe
 
-    return speed_probe(torch.device("cpu")) / profile_probe_s
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # as the profile
+    return speed_probe(device) / profile_probe_s
 
 
 def main(argv: list[str] | None = None) -> int:
