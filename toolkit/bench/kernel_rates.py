@@ -123,7 +123,8 @@ def elementwise_rate(device: torch.device, tokens: int, dim: int) -> float:
 
 def speed_probe(device: torch.device) -> float:
     """Seconds of a fixed piece of work on one thread: a 512^3 GEMM and a tanh GELU forward
-    + backward on 1024 x 1024 values, the median of 5 timed batches. The profile records it
+    + backward on 1024 x 1024 values, the median of 5 `seconds_per_call` (each itself the
+    median of 3 timed batches of about 20 ms). The profile records it
     (`probe_s`) and toolkit.bench.model_check runs it again before every configuration: on
     a shared VM the same work takes 1.5x longer some minutes than others, which no
     prediction from an earlier profile can know."""

@@ -9,8 +9,9 @@ per-term split, and how fast the machine was against the profile: before every c
 the profile's speed probe (toolkit.bench.kernel_rates.speed_probe) runs again, and the column
 "probe now / at profile" is its time now over the time recorded in the profile (1.30: the
 same one-thread work took 30 % longer than when the profile was measured; on a shared VM a
-ratio that far from 1 is noise the prediction cannot know). The table also goes to OUT/model_check.md, every run's summary to
-OUT/model_check.json. A benchmark command, not a test: it measures and prints.
+ratio that far from 1 is noise the prediction cannot know). The table also goes to
+OUT/model_check.md, every run's summary to OUT/model_check.json. A benchmark command, not a
+test: it measures and prints.
 """
 
 from __future__ import annotations
