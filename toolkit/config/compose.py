@@ -20,8 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from toolkit.config import sources
 from toolkit.config.errors import ConfigError, control_problem
-from toolkit.config.job import GROUPS, JobConfig
+from toolkit.config.job import GROUPS, OPEN_GROUPS, TARGET_SCHEMAS, JobConfig
 from toolkit.config.store import register_configs
+from toolkit.config.targets import TargetConfig, as_node, from_node, is_target_node
 
 
 def conf_dir() -> Path:
@@ -102,24 +103,60 @@ def to_job(cfg: DictConfig) -> JobConfig:
     with open_dict(cfg):
         cfg.pop("hydra", None)
     plain = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(plain, dict)  # the composed root is a mapping
+    open_nodes = {group: plain.pop(group) for group in OPEN_GROUPS if group in plain}
     try:
         job = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(JobConfig), plain))
+        assert isinstance(job, JobConfig)
+        for group, node in open_nodes.items():
+            setattr(job, group, group_config(group, node))
     except OmegaConfBaseException as exc:
         raise ConfigError(explain(exc, [])) from None
-    assert isinstance(job, JobConfig)
     return job
 
 
+def group_config(group: str, node: Any) -> Any:
+    """An open group's typed config: its `_target_` schema for a node that names your own
+    object (toolkit.config.targets), else the schema the group's `kind` selects (the first
+    listed in GROUP_KINDS), else the group's schema. Errors carry the group in their key."""
+    if is_target_node(node) and group in TARGET_SCHEMAS:
+        try:
+            return from_node(TARGET_SCHEMAS[group], node)
+        except OmegaConfBaseException as exc:
+            exc.full_key = f"{group}.{getattr(exc, 'full_key', '') or ''}".rstrip(".")
+            raise
+    schema = schema_of(group, node)
+    merged = OmegaConf.merge(
+        OmegaConf.create({group: OmegaConf.structured(schema)}), {group: node or {}}
+    )
+    return OmegaConf.to_object(merged[group])
+
+
+def schema_of(group: str, node: Any) -> type:
+    """The schema of an open group's (non-target) node: GROUP_KINDS[group][node's kind] when
+    the group has kinds with schemas of their own, else GROUPS[group]."""
+    kinds = GROUP_KINDS.get(group, {})
+    kind = node.get("kind") if isinstance(node, dict) else None
+    return kinds.get(str(kind), GROUPS[group]) if kinds else GROUPS[group]
+
+
+# group -> kind -> schema, for open groups whose kinds have schemas of their own.
+GROUP_KINDS: dict[str, dict[str, type]] = {}
+
+
 def job_to_dict(job: JobConfig) -> dict[str, Any]:
-    return dataclasses.asdict(job)
+    """The job as plain data (config.yaml): a `_target_` group as its flat node again."""
+    out = dataclasses.asdict(job)
+    for group in OPEN_GROUPS:
+        value = getattr(job, group)
+        if isinstance(value, TargetConfig):
+            out[group] = as_node(value)
+    return out
 
 
 def load_job(path: str | os.PathLike) -> JobConfig:
     """Read a resolved config.yaml written by the launcher back into a JobConfig."""
-    cfg = OmegaConf.merge(OmegaConf.structured(JobConfig), OmegaConf.load(path))
-    job = OmegaConf.to_object(cfg)
-    assert isinstance(job, JobConfig)
-    return job
+    return to_job(OmegaConf.load(path))
 
 
 def _schema_fields(key: str) -> list[str] | None:

@@ -4,6 +4,7 @@ every component receives its own group's config."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from toolkit.config.checkpoint import CheckpointConfig
 from toolkit.config.cluster import ClusterConfig
@@ -24,9 +25,11 @@ from toolkit.config.trainer import TrainerConfig
 @dataclass
 class JobConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    # Groups whose node may name your own object (`_target_`, toolkit.config.targets) or
+    # one of several schemas: typed by toolkit.config.compose.group_config, not by OmegaConf.
+    model: Any = field(default_factory=ModelConfig)
+    data: Any = field(default_factory=DataConfig)
+    optim: Any = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -59,3 +62,12 @@ GROUPS: dict[str, type] = {
     "collectives": CollectivesConfig,
     "fault": FaultConfig,
 }
+
+
+# Groups whose node may hold `_target_` (toolkit.config.targets): group -> the schema of such
+# a node (the toolkit's settings for it; every other key is a keyword argument). A group
+# listed here is typed by toolkit.config.compose.group_config.
+TARGET_SCHEMAS: dict[str, type] = {}
+# Groups typed by group_config rather than by merging into JobConfig (their JobConfig field is
+# `Any`, so that a `_target_` node or another schema composes).
+OPEN_GROUPS = ("model", "data", "optim")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
-from toolkit.config.job import GROUPS, JobConfig
+from toolkit.config.job import GROUPS, OPEN_GROUPS, JobConfig
 
 _registered = False
 
@@ -14,7 +15,12 @@ def register_configs() -> None:
     if _registered:
         return
     cs = ConfigStore.instance()
-    cs.store(name="job_schema", node=JobConfig)
+    # The open groups start empty: their option's node (a schema of its own, or a `_target_`
+    # node) is composed into them unchecked by JobConfig, and typed by compose.group_config.
+    job = OmegaConf.structured(JobConfig)
+    for group in OPEN_GROUPS:
+        job[group] = None
+    cs.store(name="job_schema", node=job)
     for group, schema in GROUPS.items():
         cs.store(group=group, name=f"{group}_schema", node=schema)
     _registered = True
