@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig, TimeSeriesConfig
 from toolkit.perfmodel import Layout, predict
 from toolkit.plan import cost_rows, layouts, rank_plans
 from toolkit.plan_check import rank_agreement, spearman, spread
 
-SMALL = ModelConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256)
+SMALL = GPTConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256)
 # 2 nodes x 4 ranks, sequence 256
 BASE = Layout(world_size=8, ranks_per_node=4, micro_batch_size=1, grad_accum=1, seq_len=256)
 FAST = HardwareConfig(name="fast", peak_flops_fp32=1e12, memory_bytes=1e12)
@@ -107,7 +107,7 @@ def test_cli_prints_the_top_plans_with_their_overrides():
 
 
 # -- tensor and pipeline parallelism ---------------------------------------------------------
-WIDE = ModelConfig(name="wide", num_layers=8, dim=256, num_heads=8, vocab_size=8192)
+WIDE = GPTConfig(name="wide", num_layers=8, dim=256, num_heads=8, vocab_size=8192)
 NODE4 = Layout(world_size=8, ranks_per_node=4, micro_batch_size=1, grad_accum=1, seq_len=1024)
 
 
@@ -211,7 +211,7 @@ def test_check_runs_a_spread_of_plans_and_says_whether_the_order_holds(tmp_path)
 
 
 # -- memory options: fused cross-entropy and 8-bit optimizer states ------------------------
-BIG_VOCAB = ModelConfig(name="big_vocab", num_layers=2, dim=256, num_heads=4, vocab_size=65536)
+BIG_VOCAB = GPTConfig(name="big_vocab", num_layers=2, dim=256, num_heads=4, vocab_size=65536)
 ONE_GPU = Layout(world_size=1, ranks_per_node=1, micro_batch_size=1, grad_accum=1, seq_len=1024)
 GPU = HardwareConfig(name="synthetic_gpu", peak_flops_fp32=1e14, memory_bytes=1e12)
 
@@ -259,7 +259,8 @@ def test_liger_is_offered_only_without_tensor_parallelism():
     found = layouts(NODE4, 16, WIDE, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
     assert {lay.tp for lay in found if lay.kernels == "liger"} == {1}
     assert {lay.optimizer for lay in found if lay.tp > 1} == {"adamw", "adamw8bit"}
-    ts = dataclasses.replace(WIDE, kind="timeseries", num_series=4)
+    shape = {f: getattr(WIDE, f) for f in ("name", "num_layers", "dim", "num_heads")}
+    ts = TimeSeriesConfig(**shape, num_series=4)
     assert {lay.kernels for lay in layouts(NODE4, 16, ts, KERNEL_OPTIONS)} == {"torch"}
 
 

@@ -34,7 +34,7 @@ class StepRecord:
     lr: float
     tokens: int  # tokens in this step, all ranks
     tokens_per_s: float
-    mfu: float
+    mfu: float  # from the model's FLOPs per sample (analytic, or counted)
     mem_peak_bytes: int
     rank: int = 0
     # Where the step went (defaults keep older files readable). On every backend:
@@ -50,6 +50,7 @@ class StepRecord:
     comm_reduce_scatter_s: float = 0.0
     comm_all_reduce_s: float = 0.0
     comm_p2p_s: float = 0.0
+    samples_per_s: float = 0.0  # sequences / samples per second, all ranks
 
 
 @dataclass

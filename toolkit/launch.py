@@ -26,6 +26,7 @@ from toolkit.config.compose import compose_raw, job_to_dict, open_dict_overrides
 from toolkit.config.errors import ConfigError
 from toolkit.config.help import group_help, help_topics, launch_help
 from toolkit.config.hydra_tools import INFO_CHOICES
+from toolkit.config.model import series_shape
 from toolkit.config.validate import RuntimeCheck, validate
 from toolkit.data.manifest import DataError
 from toolkit.executors import PreparedRun, get_executor
@@ -206,7 +207,7 @@ def prepare_in_allocation(
     if (run.run_dir / "config.yaml").exists():
         return run.run_dir  # requeued: keep the config (and checkpoints) of the first start
     write_run_dir(run, choices_of(cfgs[0]), config_dirs)
-    prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
+    prepare_data(run.job.data, *series_shape(run.job.model))
     return run.run_dir
 
 
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     for run, cfg in zip(runs, cfgs, strict=True):
         if not run.job.launch.dry_run:
             try:  # once, before any rank starts: a bad dataset fails here, in one line
-                prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
+                prepare_data(run.job.data, *series_shape(run.job.model))
             except DataError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.job import JobConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 from toolkit.config.shape import global_batch_size, tasks_per_node, world_size
 from toolkit.perfmodel import Layout, Prediction, predict
 
@@ -76,7 +76,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def tp_degrees(model: ModelConfig | None, ranks_per_node: int) -> list[int]:
+def tp_degrees(model: TransformerConfig | None, ranks_per_node: int) -> list[int]:
     """Tensor-parallel degrees: inside a node (divisors of its ranks, at most 8), splitting
     the heads and the MLP width evenly (parallel.problems refuses the others)."""
     if model is None:
@@ -89,7 +89,7 @@ def tp_degrees(model: ModelConfig | None, ranks_per_node: int) -> list[int]:
     ]
 
 
-def pp_options(model: ModelConfig | None, ranks: int) -> list[tuple[int, str, int]]:
+def pp_options(model: TransformerConfig | None, ranks: int) -> list[tuple[int, str, int]]:
     """(stages, schedule, virtual stages): stages dividing the layers and the ranks left by
     tp (balanced stages of whole layers), each schedule; interleaved with 2 virtual stages
     where the layers divide into 2 x stages."""
@@ -106,12 +106,12 @@ def pp_options(model: ModelConfig | None, ranks: int) -> list[tuple[int, str, in
 
 
 def memory_option_pairs(
-    tp: int, model: ModelConfig | None, kernels: tuple[str, ...], optimizers: tuple[str, ...]
+    tp: int, model: TransformerConfig | None, kernels: tuple[str, ...], optimizers: tuple[str, ...]
 ) -> list[tuple[str, str]]:
     """(model.kernels, optim.name) pairs for one layout, the default first: Liger's fused
     loss only without tensor parallelism (it needs the whole vocabulary on the rank) and
     only on the GPT (the time-series model's loss is not a cross-entropy)."""
-    gpt = model is None or model.kind == "gpt"
+    gpt = model is None or model.token_inputs
     usable = [k for k in kernels if k == DEFAULT_KERNELS or (tp == 1 and gpt)]
     return [(k, o) for k in usable for o in optimizers]
 
@@ -119,7 +119,7 @@ def memory_option_pairs(
 def layouts(
     base: Layout,
     global_batch: int,
-    model: ModelConfig | None = None,
+    model: TransformerConfig | None = None,
     kernels: tuple[str, ...] | None = None,
     optimizers: tuple[str, ...] | None = None,
 ) -> list[Layout]:
@@ -167,7 +167,7 @@ def layouts(
 
 
 def rank_plans(
-    model: ModelConfig,
+    model: TransformerConfig,
     base: Layout,
     hw: HardwareConfig,
     global_batch: int,
@@ -197,7 +197,7 @@ def memory_options(job: JobConfig) -> tuple[tuple[str, ...], tuple[str, ...], li
     skipped = []
     if job.cluster.gpus_per_node < 1:
         return tuple(kernels), tuple(optimizers), ["memory options: GPU jobs only"]
-    if job.model.kind != "gpt":
+    if not getattr(job.model, "token_inputs", False):
         skipped.append("model.kernels=liger: the GPT's loss only")
     elif not (importable("toolkit.kernels.liger") and importable("liger_kernel")):
         skipped.append("model.kernels=liger: toolkit.kernels.liger or liger_kernel missing")
@@ -230,7 +230,7 @@ def job_global_batch(job: JobConfig, world: int) -> int:
 
 
 def cost_rows(
-    model: ModelConfig,
+    model: TransformerConfig,
     base: Layout,
     global_batch: int,
     presets: dict[str, HardwareConfig],

@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import launch
 from tests.data.conftest import config
 from toolkit.config.data import DataConfig, problems
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TimeSeriesConfig
 from toolkit.data import writer
 from toolkit.data.manifest import DataError
 from toolkit.data.synthetic import write_synthetic
@@ -92,7 +92,7 @@ def test_prepare_leaves_nothing_half_written(tmp_path, monkeypatch) -> None:
 
 
 def test_an_embargo_shorter_than_the_horizon_is_a_config_problem() -> None:
-    model = ModelConfig(kind="timeseries", num_series=48, num_targets=16)
+    model = TimeSeriesConfig(num_series=48, num_targets=16)
     found = problems(DataConfig(kind="returns", seq_len=64, horizon=5, embargo=2), model)
     assert found == [
         "data.embargo=2: below data.horizon=5, so a training target could overlap the "

@@ -10,7 +10,7 @@ import torch
 
 from tests.kernels.test_liger import assert_close
 from toolkit.checkpoint.state import changes_meaning
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig, TimeSeriesConfig
 from toolkit.errors import UserError
 from toolkit.kernels import liger
 from toolkit.kernels.checks import liger_problem
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 # gpt_tiny's shape with an odd vocabulary and width (masked blocks, partial chunks).
-CFG = ModelConfig(num_layers=2, dim=72, num_heads=4, vocab_size=257, max_seq_len=32)
+CFG = GPTConfig(num_layers=2, dim=72, num_heads=4, vocab_size=257, max_seq_len=32)
 BATCH, SEQ = 2, 13
 
 
@@ -163,7 +163,7 @@ def test_liger_gpt_in_bfloat16_is_as_close_to_float32_as_torch_is():
 
 
 def test_the_time_series_model_runs_its_norms_on_liger():
-    cfg = ModelConfig(kind="timeseries", num_layers=1, dim=72, num_heads=4, num_series=5)
+    cfg = TimeSeriesConfig(num_layers=1, dim=72, num_heads=4, num_series=5)
     torch.manual_seed(0)
     model = build_model(cfg)
     model.reset_parameters()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toolkit.config.model import ModelConfig, problems
+from toolkit.config.model import TimeSeriesConfig, problems
 from toolkit.kernels import masked_loss
 from toolkit.kernels.backend import triton_runs_on
 from toolkit.kernels.masked_loss import masked_regression_loss, masked_regression_loss_reference
@@ -138,25 +138,27 @@ def test_the_model_loss_on_either_path() -> None:
     base = dict(kind="timeseries", num_layers=1, dim=16, num_heads=2, max_seq_len=8)
     base |= dict(num_series=12, num_targets=4, loss="huber", huber_delta=0.5)
     weights = [1.0, 2.0, 0.5, 0.5]
-    ref = TimeSeriesTransformer(ModelConfig(**base, loss_weights=weights))
-    fused = TimeSeriesTransformer(ModelConfig(**base, loss_weights=weights, kernels="liger"))
+    ref = TimeSeriesTransformer(TimeSeriesConfig(**base, loss_weights=weights))
+    fused = TimeSeriesTransformer(TimeSeriesConfig(**base, loss_weights=weights, kernels="liger"))
     fused.kernels = "liger"  # as use_kernels sets it once resolved; the norms stay torch here
     fused.load_state_dict(ref.state_dict())
     x, targets = torch.randn(2, 6, 12), torch.randn(2, 4)
     targets[0, 1] = float("nan")
     torch.testing.assert_close(fused(x, targets), ref(x, targets), rtol=1e-6, atol=1e-7)
-    plain = TimeSeriesTransformer(ModelConfig(**{**base, "loss": "mse"}))
+    plain = TimeSeriesTransformer(TimeSeriesConfig(**{**base, "loss": "mse"}))
     pred = plain(x)
     assert torch.equal(plain.loss(pred, targets), masked_mse(pred, targets))
 
 
 def test_config_problems_name_the_field() -> None:
     ts = dict(kind="timeseries", num_series=12, num_targets=4)
-    assert problems(ModelConfig(**ts, loss="huber", loss_weights=[1, 1, 1, 1])) == []
-    assert problems(ModelConfig(**ts, loss="l1")) == ["model.loss=l1: unknown; allowed: mse, huber"]
-    (msg,) = problems(ModelConfig(**ts, loss="huber", huber_delta=0))
+    assert problems(TimeSeriesConfig(**ts, loss="huber", loss_weights=[1, 1, 1, 1])) == []
+    assert problems(TimeSeriesConfig(**ts, loss="l1")) == [
+        "model.loss=l1: unknown; allowed: mse, huber"
+    ]
+    (msg,) = problems(TimeSeriesConfig(**ts, loss="huber", huber_delta=0))
     assert msg.startswith("model.huber_delta=0: must be > 0")
-    (msg,) = problems(ModelConfig(**ts, loss_weights=[1.0, 2.0]))
+    (msg,) = problems(TimeSeriesConfig(**ts, loss_weights=[1.0, 2.0]))
     assert msg.startswith("model.loss_weights has 2 values: needs one per target (4)")
-    (msg,) = problems(ModelConfig(**ts, loss_weights=[1.0, -1.0, 1.0, 1.0]))
+    (msg,) = problems(TimeSeriesConfig(**ts, loss_weights=[1.0, -1.0, 1.0, 1.0]))
     assert msg == "model.loss_weights: every weight must be >= 0"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from toolkit.config.model import ModelConfig, problems
+from toolkit.config.model import TimeSeriesConfig, problems
 from toolkit.kernels import masked_norm
 from toolkit.kernels.backend import triton_runs_on
 from toolkit.kernels.masked_norm import (
@@ -137,9 +137,9 @@ def test_torch_compile_fullgraph_sees_one_op() -> None:
     torch.testing.assert_close(dx, dx_ref, **TOL[torch.float32])
 
 
-def ts_config(**overrides) -> ModelConfig:
+def ts_config(**overrides) -> TimeSeriesConfig:
     base = dict(kind="timeseries", num_layers=1, dim=16, num_heads=2, max_seq_len=8)
-    return ModelConfig(**{**base, "num_series": 12, "num_targets": 4, **overrides})
+    return TimeSeriesConfig(**{**base, "num_series": 12, "num_targets": 4, **overrides})
 
 
 def test_the_model_normalises_on_either_path_with_unchanged_state_dict_keys() -> None:
@@ -169,8 +169,12 @@ def test_config_problems_name_the_field() -> None:
     assert problems(ts_config(cross_section_norm=True)) == []
     (msg,) = problems(ts_config(cross_section_norm=True, instruments=5))
     assert msg.startswith("model.num_series=12: not a whole number of features for 5")
-    (msg,) = problems(ModelConfig(cross_section_norm=True))
-    assert msg.startswith("model.kind=gpt: model.cross_section_norm")
+    # The GPT has no such option: its own schema refuses it at composition.
+    from toolkit.config.compose import compose_raw, to_job
+    from toolkit.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model.cross_section_norm: unknown key"):
+        to_job(compose_raw(["model=gpt_tiny", "model.cross_section_norm=true"]))
 
 
 def test_activation_checkpointing_recomputes_the_op() -> None:

@@ -6,14 +6,14 @@ without reading toolkit/perfmodel/model.py."""
 from __future__ import annotations
 
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig
 from toolkit.perfmodel import Layout
 from toolkit.perfmodel.model import communication, flops, memory
 
-GPT_TINY = ModelConfig(
+GPT_TINY = GPTConfig(
     name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256, max_seq_len=256
 )
-GPT_SMALL = ModelConfig(
+GPT_SMALL = GPTConfig(
     name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256, max_seq_len=512
 )
 CPU = HardwareConfig()  # the defaults are the cpu preset

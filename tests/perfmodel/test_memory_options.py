@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig
 from toolkit.perfmodel import Layout
 from toolkit.perfmodel.memory import memory
 from toolkit.perfmodel.memory_options import (
@@ -18,7 +18,7 @@ from toolkit.perfmodel.memory_options import (
     optimizer_state_bytes_per_param,
 )
 
-GPT_TINY = ModelConfig(
+GPT_TINY = GPTConfig(
     name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256, max_seq_len=256
 )
 TINY_PARAMS = 148096
@@ -58,10 +58,10 @@ def test_fused_loss_keeps_a_chunk_and_the_two_gradients():
 
 
 def test_only_liger_on_the_gpt_runs_fused():
-    assert fused_cross_entropy("liger", "gpt")
-    assert not fused_cross_entropy("torch", "gpt")
-    assert not fused_cross_entropy("auto", "gpt")  # may fall back to torch: not counted
-    assert not fused_cross_entropy("liger", "timeseries")
+    assert fused_cross_entropy("liger", token_inputs=True)
+    assert not fused_cross_entropy("torch", token_inputs=True)
+    assert not fused_cross_entropy("auto", token_inputs=True)  # may fall back to torch: not counted
+    assert not fused_cross_entropy("liger", token_inputs=False)
 
 
 def test_memory_gpt_tiny_with_fused_loss():

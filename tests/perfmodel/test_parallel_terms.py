@@ -9,7 +9,7 @@ import pytest
 
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig
 from toolkit.perfmodel import (
     Layout,
     balanced_split,
@@ -23,7 +23,7 @@ from toolkit.perfmodel import (
 from toolkit.perfmodel.memory import memory
 from toolkit.perfmodel.steptime import communication, stage_time
 
-TINY = ModelConfig(name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256)
+TINY = GPTConfig(name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256)
 PEAK = HardwareConfig(peak_flops_fp32=1e11, matmul=[])  # no table: fraction 1
 UNIT = 1024 * 64 * 4  # 8 sequences x 128 tokens x dim 64 x fp32 = 262144 bytes
 

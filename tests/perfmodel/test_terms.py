@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 
 from toolkit.config.hardware import GemmPoint, HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig
 from toolkit.perfmodel import Layout, comm, kernels, predict
 from toolkit.train.flops import block_params, param_counts
 
-TINY = ModelConfig(name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256)
+TINY = GPTConfig(name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256)
 PEAK = HardwareConfig(peak_flops_fp32=1e11, matmul=[])  # no table: fraction 1
 
 

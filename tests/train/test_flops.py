@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig, TimeSeriesConfig
 from toolkit.train.flops import flops_per_token, mfu, param_counts
 
 
 def test_gpt_tiny_params_by_hand() -> None:
-    cfg = ModelConfig(
-        kind="gpt", num_layers=2, dim=64, num_heads=4, vocab_size=256, max_seq_len=256
-    )
+    cfg = GPTConfig(kind="gpt", num_layers=2, dim=64, num_heads=4, vocab_size=256, max_seq_len=256)
     # block: qkv 3*64*64 = 12288, out proj 4096, mlp 2*64*256 = 32768, two LayerNorms 256
     block = 12288 + 4096 + 32768 + 256
     assert block == 49408
@@ -26,23 +24,15 @@ def test_counts_match_the_real_module() -> None:
     from toolkit.train.models import build_model
 
     for cfg in (
-        ModelConfig(kind="gpt", num_layers=3, dim=96, num_heads=4, vocab_size=300, max_seq_len=64),
-        ModelConfig(
-            kind="timeseries",
-            num_layers=2,
-            dim=32,
-            num_heads=2,
-            num_series=7,
-            vocab_size=0,
-            max_seq_len=16,
-        ),
+        GPTConfig(num_layers=3, dim=96, num_heads=4, vocab_size=300, max_seq_len=64),
+        TimeSeriesConfig(num_layers=2, dim=32, num_heads=2, num_series=7, max_seq_len=16),
     ):
         model = build_model(cfg)
         assert param_counts(cfg)["total"] == sum(p.numel() for p in model.parameters())
 
 
 def test_gpt_125m_flops_per_token_by_hand() -> None:
-    cfg = ModelConfig(
+    cfg = GPTConfig(
         kind="gpt", num_layers=12, dim=768, num_heads=12, vocab_size=50304, max_seq_len=2048
     )
     # matmul params N = 12 blocks * (4*768^2 + 8*768^2 + 4*768) + 768*50304 + 2*768

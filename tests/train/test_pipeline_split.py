@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from toolkit.config.compose import compose_raw, to_job
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig, TimeSeriesConfig
 from toolkit.config.parallel import MeshShape, ParallelConfig
 from toolkit.tasks.train import pipeline_split
 from toolkit.train.models import build_model
@@ -49,7 +49,7 @@ def _chain(model, layers, x):
 
 def test_gpt_stages_chained_equal_the_whole_model_bitwise() -> None:
     torch.manual_seed(0)
-    model = build_model(ModelConfig(num_layers=4))
+    model = build_model(GPTConfig(num_layers=4))
     model.reset_parameters()
     tokens = torch.randint(0, 256, (2, 16))
     whole = model(tokens)
@@ -62,7 +62,7 @@ def test_gpt_stages_chained_equal_the_whole_model_bitwise() -> None:
 
 def test_time_series_stages_chained_equal_the_whole_model_bitwise() -> None:
     torch.manual_seed(0)
-    model = build_model(ModelConfig(kind="timeseries", num_layers=2, num_series=5))
+    model = build_model(TimeSeriesConfig(num_layers=2, num_series=5))
     model.reset_parameters()
     series = torch.randn(3, 12, 5)
     assert torch.equal(_chain(model, [[0], [1]], series), model(series))
@@ -72,6 +72,6 @@ def test_interleaved_micro_batches_must_split_into_rounds() -> None:
     from toolkit.config.parallel import problems
 
     par = ParallelConfig(pp=2, pp_schedule="interleaved_1f1b", pp_virtual_stages=2)
-    assert problems(par, 2, ModelConfig(num_layers=4), grad_accum=4) == []
-    [line] = problems(par, 2, ModelConfig(num_layers=4), grad_accum=5)
+    assert problems(par, 2, GPTConfig(num_layers=4), grad_accum=4) == []
+    [line] = problems(par, 2, GPTConfig(num_layers=4), grad_accum=5)
     assert line.startswith("parallel.pp_schedule=interleaved_1f1b: trainer.grad_accum=5")

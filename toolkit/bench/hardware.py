@@ -42,7 +42,7 @@ from toolkit.bench.kernel_rates import (
     sync,
 )
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig
 from toolkit.config.optim import OptimConfig
 from toolkit.config.parallel import MeshShape, ParallelConfig
 from toolkit.config.precision import PrecisionConfig
@@ -69,7 +69,7 @@ def op_overhead(device: torch.device) -> float:
 
 
 def plain_and_sharded(
-    cfg: ModelConfig, device: torch.device, timer: Callable[..., float]
+    cfg: GPTConfig, device: torch.device, timer: Callable[..., float]
 ) -> tuple[float, float, torch.nn.Module]:
     """Seconds of one forward+backward on 4 tokens without and with FSDP2 over all ranks of
     the process group, and the sharded model."""
@@ -85,10 +85,10 @@ def plain_and_sharded(
 
 # The model FSDP2's data path is measured on: parameters dominate (2 x 12.6 M), compute does
 # not (4 tokens).
-FSDP_PATH_MODEL = ModelConfig(num_layers=2, dim=1024, num_heads=8, vocab_size=256, max_seq_len=8)
+FSDP_PATH_MODEL = GPTConfig(num_layers=2, dim=1024, num_heads=8, vocab_size=256, max_seq_len=8)
 
 
-def copy_bytes(cfg: ModelConfig, world: int) -> float:
+def copy_bytes(cfg: GPTConfig, world: int) -> float:
     """Bytes of FSDP2's copy-in/copy-out of one fp32 forward+backward of `cfg` over `world`
     ranks (toolkit.perfmodel.comm.fsdp_copy_bytes)."""
     return comm.fsdp_copy_bytes(
@@ -116,7 +116,7 @@ def fsdp_overheads(device: torch.device, tmp: Path) -> tuple[float, float, float
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{tmp / 'opt'}", rank=0, world_size=1)
     try:
-        cfg = ModelConfig(num_layers=2, dim=8, num_heads=1, vocab_size=16, max_seq_len=4)
+        cfg = GPTConfig(num_layers=2, dim=8, num_heads=1, vocab_size=16, max_seq_len=4)
         plain_s, sharded_s, model = plain_and_sharded(cfg, device, seconds_per_call)
         optimizer = build_optimizer(model, OptimConfig())
 

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig
 from toolkit.config.optim import OptimConfig
 from toolkit.train.lowbit import build_lowbit, local_state_bytes, state_bytes_per_param
 from toolkit.train.models import build_model
@@ -30,16 +30,16 @@ from toolkit.train.optim import build_optimizer
 BASELINE = "adamw"
 NAMES = ("adamw", "adamw8bit", "adamw_lowmem")
 PRESETS = {  # conf/model/*.yaml, the fields the model needs
-    "gpt_tiny": ModelConfig(
+    "gpt_tiny": GPTConfig(
         name="gpt_tiny", num_layers=2, dim=64, num_heads=4, vocab_size=256, max_seq_len=256
     ),
-    "gpt_small": ModelConfig(
+    "gpt_small": GPTConfig(
         name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256, max_seq_len=512
     ),
 }
 
 
-def model_with_grads(cfg: ModelConfig) -> torch.nn.Module:
+def model_with_grads(cfg: GPTConfig) -> torch.nn.Module:
     torch.manual_seed(0)
     model = build_model(cfg)
     tokens = torch.randint(0, cfg.vocab_size, (4, 64))

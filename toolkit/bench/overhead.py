@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.config.job import JobConfig
+from toolkit.config.model import series_shape, vocab_size
 from toolkit.hooks import Hook
 
 DEFAULTS = [
@@ -176,7 +177,7 @@ def worker(rank: int, world: int, job: JobConfig, args: dict, out: str) -> None:
         world,
         rank,
     )
-    source = open_sources(job.data, job.model.vocab_size)["train"]
+    source = open_sources(job.data, vocab_size(job.model) or 256)["train"]
     batches = [plan.micro_batches(source, "train", s) for s in range(steps)]  # same data as A
     variants = {
         "toolkit": lambda run_dir: toolkit_loop(
@@ -261,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print("\n".join(f"error: {line}" for line in exc.problems), file=sys.stderr)
         return 2
-    prepare(job.data, job.model.num_series)
+    prepare(job.data, *series_shape(job.model))
     out = (args.out or Path(tempfile.mkdtemp(prefix="overhead-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     settings = {"reps": args.reps, "steps": args.steps, "warmup": args.warmup}

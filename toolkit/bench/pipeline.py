@@ -71,7 +71,7 @@ def worker(rank: int, world: int, layout: str, settings: dict[str, Any], out: st
     import torch
     import torch.distributed as dist
 
-    from toolkit.config.model import ModelConfig
+    from toolkit.config.model import GPTConfig
     from toolkit.config.parallel import MeshShape, ParallelConfig, pipeline_stages
     from toolkit.config.precision import PrecisionConfig
     from toolkit.distributed.env import discover
@@ -89,7 +89,7 @@ def worker(rank: int, world: int, layout: str, settings: dict[str, Any], out: st
     micro = settings["global_batch"] // (dp_shard * m)
     par = ParallelConfig(pp=pp, dp_shard=dp_shard, pp_schedule=schedule, pp_virtual_stages=virtual)
     shape = MeshShape(pp=pp, dp_shard=dp_shard)
-    cfg = ModelConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, max_seq_len=512)
+    cfg = GPTConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, max_seq_len=512)
     rss_before = rss_bytes()
     torch.manual_seed(0)
     model = build_model(cfg)

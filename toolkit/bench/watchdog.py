@@ -130,7 +130,9 @@ def overhead(args: argparse.Namespace) -> dict[str, Any]:
     overrides = [d for d in DEFAULTS if d.split("=", 1)[0] not in keys]
     overrides += [*args.overrides, f"trainer.steps={args.warmup + args.steps}"]
     job = to_job(compose_raw(overrides))
-    prepare(job.data, job.model.num_series)
+    from toolkit.config.model import series_shape
+
+    prepare(job.data, *series_shape(job.model))
     out = (args.out or Path(tempfile.mkdtemp(prefix="watchdog-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     settings = {"reps": args.reps, "steps": args.steps, "warmup": args.warmup}

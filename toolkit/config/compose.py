@@ -20,7 +20,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from toolkit.config import sources
 from toolkit.config.errors import ConfigError, control_problem
-from toolkit.config.job import GROUPS, OPEN_GROUPS, TARGET_SCHEMAS, JobConfig
+from toolkit.config.job import (
+    GROUP_KINDS,
+    GROUPS,
+    OPEN_GROUPS,
+    OTHER_KINDS,
+    TARGET_SCHEMAS,
+    JobConfig,
+)
+from toolkit.config.model import PluginModelConfig
 from toolkit.config.store import register_configs
 from toolkit.config.targets import TargetConfig, as_node, from_node, is_target_node
 
@@ -117,31 +125,23 @@ def to_job(cfg: DictConfig) -> JobConfig:
 
 def group_config(group: str, node: Any) -> Any:
     """An open group's typed config: its `_target_` schema for a node that names your own
-    object (toolkit.config.targets), else the schema the group's `kind` selects (the first
-    listed in GROUP_KINDS), else the group's schema. Errors carry the group in their key."""
+    object (toolkit.config.targets); else the schema of the node's kind (GROUP_KINDS), a
+    kind of no built-in schema typed by OTHER_KINDS (a registered plugin's); else the
+    group's schema. Errors carry the group in their key."""
+    node = node or {}
     if is_target_node(node) and group in TARGET_SCHEMAS:
         try:
             return from_node(TARGET_SCHEMAS[group], node)
         except OmegaConfBaseException as exc:
             exc.full_key = f"{group}.{getattr(exc, 'full_key', '') or ''}".rstrip(".")
             raise
-    schema = schema_of(group, node)
-    merged = OmegaConf.merge(
-        OmegaConf.create({group: OmegaConf.structured(schema)}), {group: node or {}}
-    )
+    kinds = GROUP_KINDS.get(group)
+    kind = str(node.get("kind", "")) if isinstance(node, dict) else ""
+    if kinds and kind and kind not in kinds and group in OTHER_KINDS:
+        return OTHER_KINDS[group](node)
+    schema = kinds.get(kind, GROUPS[group]) if kinds else GROUPS[group]
+    merged = OmegaConf.merge(OmegaConf.create({group: OmegaConf.structured(schema)}), {group: node})
     return OmegaConf.to_object(merged[group])
-
-
-def schema_of(group: str, node: Any) -> type:
-    """The schema of an open group's (non-target) node: GROUP_KINDS[group][node's kind] when
-    the group has kinds with schemas of their own, else GROUPS[group]."""
-    kinds = GROUP_KINDS.get(group, {})
-    kind = node.get("kind") if isinstance(node, dict) else None
-    return kinds.get(str(kind), GROUPS[group]) if kinds else GROUPS[group]
-
-
-# group -> kind -> schema, for open groups whose kinds have schemas of their own.
-GROUP_KINDS: dict[str, dict[str, type]] = {}
 
 
 def job_to_dict(job: JobConfig) -> dict[str, Any]:
@@ -151,6 +151,8 @@ def job_to_dict(job: JobConfig) -> dict[str, Any]:
         value = getattr(job, group)
         if isinstance(value, TargetConfig):
             out[group] = as_node(value)
+        elif isinstance(value, PluginModelConfig):  # a registered model's node, flat
+            out[group] = {"kind": value.kind, "name": value.name, **value.options}
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from toolkit.config.errors import below_minimum, not_one_of
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import ModelConfig, display_name, max_seq_len, supports, vocab_size
 
 
 @dataclass
@@ -49,20 +49,27 @@ def effective_embargo(d: DataConfig) -> int:
 def problems(d: DataConfig, model: ModelConfig) -> list[str]:
     """Problems with the data group and its fit to the model it feeds, one line each."""
     p = []
-    if d.seq_len > model.max_seq_len:
+    limit = max_seq_len(model)
+    if limit and d.seq_len > limit:
         p.append(
             f"data.seq_len={d.seq_len}: above the model's maximum sequence length "
-            f"(model.max_seq_len={model.max_seq_len}); use data.seq_len<={model.max_seq_len}"
+            f"(model.max_seq_len={limit}); use data.seq_len<={limit}"
         )
     p += below_minimum("data", d, {"seq_len": 2})
     if d.kind not in DataConfig.KINDS:
         p.append(f"data.kind={d.kind}: unknown; allowed: {', '.join(DataConfig.KINDS)}")
-    if model.kind == "gpt" and d.kind == "returns":
-        p.append("data=returns: feeds real-valued series; use model=ts_transformer (or data=text)")
-    if model.kind == "timeseries" and d.kind != "returns":
-        p.append(f"data={d.kind}: model=ts_transformer needs data=returns")
-    if model.kind == "gpt" and d.kind in ("text", "synthetic") and model.vocab_size < 256:
-        p.append(f"model.vocab_size={model.vocab_size}: byte-level data needs >= 256")
+    can = supports(model)
+    reads = can.reads if can is not None else "any"
+    if reads == "tokens" and d.kind == "returns":
+        p.append(
+            f"data=returns: feeds real-valued series, and model {display_name(model)} reads "
+            "tokens; use model=ts_transformer (or data=text)"
+        )
+    if reads == "series" and d.kind != "returns":
+        p.append(f"data={d.kind}: model={display_name(model)} needs data=returns (it reads series)")
+    vocab = vocab_size(model)
+    if reads == "tokens" and d.kind in ("text", "synthetic") and vocab is not None and vocab < 256:
+        p.append(f"model.vocab_size={vocab}: byte-level data needs >= 256")
     if not 0.0 < d.val_fraction < 0.5:
         p.append(f"data.val_fraction={d.val_fraction}: must be in (0, 0.5)")
     if d.kind == "returns":
@@ -96,7 +103,8 @@ def returns_problems(d: DataConfig, model: ModelConfig) -> list[str]:
         )
     if d.num_workers > 0 and d.prefetch < 1:
         p.append(f"data.prefetch={d.prefetch}: workers need >= 1 batch ahead; use data.prefetch>=1")
-    if d.path is None and not d.features:  # the synthetic market: its shape is known here
+    series = getattr(model, "num_series", None)  # a model sized by its inputs
+    if d.path is None and not d.features and series is not None:  # the synthetic market
         n, f = d.synthetic_instruments, DataConfig.SYNTHETIC_FEATURES
         width, targets = (n * f, n) if d.sample == "cross_section" else (f, 1)
         if model.num_series != width:

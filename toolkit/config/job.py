@@ -3,6 +3,7 @@ every component receives its own group's config."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,8 @@ from toolkit.config.data import DataConfig
 from toolkit.config.fault import FaultConfig
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.launch import LaunchConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import KINDS as MODEL_KINDS
+from toolkit.config.model import GPTConfig, TargetModelConfig, plugin_from_node
 from toolkit.config.nccl import NcclConfig
 from toolkit.config.optim import OptimConfig
 from toolkit.config.parallel import ParallelConfig
@@ -27,7 +29,7 @@ class JobConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     # Groups whose node may name your own object (`_target_`, toolkit.config.targets) or
     # one of several schemas: typed by toolkit.config.compose.group_config, not by OmegaConf.
-    model: Any = field(default_factory=ModelConfig)
+    model: Any = field(default_factory=GPTConfig)
     data: Any = field(default_factory=DataConfig)
     optim: Any = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -48,7 +50,7 @@ class JobConfig:
 # Config group name -> schema. Each conf/<group>/*.yaml extends `<group>_schema`.
 GROUPS: dict[str, type] = {
     "cluster": ClusterConfig,
-    "model": ModelConfig,
+    "model": GPTConfig,  # the default kind's; each kind has its own (GROUP_KINDS)
     "data": DataConfig,
     "optim": OptimConfig,
     "precision": PrecisionConfig,
@@ -67,7 +69,11 @@ GROUPS: dict[str, type] = {
 # Groups whose node may hold `_target_` (toolkit.config.targets): group -> the schema of such
 # a node (the toolkit's settings for it; every other key is a keyword argument). A group
 # listed here is typed by toolkit.config.compose.group_config.
-TARGET_SCHEMAS: dict[str, type] = {}
+TARGET_SCHEMAS: dict[str, type] = {"model": TargetModelConfig}
+# group -> kind -> schema, for groups whose kinds have schemas of their own; a node of another
+# kind is typed by OTHER_KINDS[group] (a model registered through entry points).
+GROUP_KINDS: dict[str, dict[str, type]] = {"model": MODEL_KINDS}
+OTHER_KINDS: dict[str, Callable[[dict[str, Any]], Any]] = {"model": plugin_from_node}
 # Groups typed by group_config rather than by merging into JobConfig (their JobConfig field is
 # `Any`, so that a `_target_` node or another schema composes).
 OPEN_GROUPS = ("model", "data", "optim")

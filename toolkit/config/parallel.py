@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import ModelConfig, TransformerConfig, display_name, supports
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -190,19 +190,29 @@ def problems(
 
 
 def _model_problems(par: ParallelConfig, shape: MeshShape, model: ModelConfig) -> list[str]:
+    can = supports(model)
+    name = display_name(model)
     p = []
+    if can is not None and shape.tp > 1 and not can.tensor_parallel:
+        p.append(
+            f"parallel.tp={shape.tp}: model {name} has no tensor-parallel plan; give its "
+            "ModelSpec a tensor_parallel function (docs/extending.md) or use parallel.tp=1"
+        )
+    if can is not None and shape.pp > 1 and not can.pipeline:
+        p.append(
+            f"parallel.pp={shape.pp}: model {name} has no pipeline split; give its ModelSpec "
+            "a pipeline split (docs/extending.md) or use parallel.pp=1"
+        )
+    if not isinstance(model, TransformerConfig):
+        return p
     hidden = int(model.dim * model.mlp_ratio)
-    if shape.tp > 1:
-        if model.kind != "gpt":
-            p.append(
-                f"parallel.tp={shape.tp}: tensor parallelism is implemented for model.kind=gpt, "
-                f"not {model.kind}; use parallel.tp=1"
-            )
-        for name in ("vocab_size", "max_seq_len"):  # rows of the row-wise split embeddings
-            value = getattr(model, name)
-            if model.kind == "gpt" and value % shape.tp:
+    if shape.tp > 1 and can is not None and can.tensor_parallel:
+        # rows of the row-wise split embeddings
+        for field_name in ("vocab_size", "max_seq_len"):
+            value = getattr(model, field_name, None)
+            if value is not None and value % shape.tp:
                 p.append(
-                    f"parallel.tp={shape.tp} does not divide model.{name}={value} "
+                    f"parallel.tp={shape.tp} does not divide model.{field_name}={value} "
                     "(its embedding is split evenly over the tensor-parallel ranks)"
                 )
         if model.num_heads % shape.tp:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from toolkit.config.job import GROUPS, OPEN_GROUPS, JobConfig
+from toolkit.config.job import GROUP_KINDS, GROUPS, OPEN_GROUPS, JobConfig
 
 _registered = False
 
@@ -23,4 +23,8 @@ def register_configs() -> None:
     cs.store(name="job_schema", node=job)
     for group, schema in GROUPS.items():
         cs.store(group=group, name=f"{group}_schema", node=schema)
+    # One schema per kind where a group's kinds have their own (model: gpt_schema, ...).
+    for group, kinds in GROUP_KINDS.items():
+        for kind, schema in kinds.items():
+            cs.store(group=group, name=f"{kind}_schema", node=schema)
     _registered = True

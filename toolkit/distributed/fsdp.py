@@ -4,12 +4,15 @@ compile (the mesh itself: toolkit.distributed.mesh)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.utils.checkpoint import checkpoint
 
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
@@ -25,26 +28,48 @@ def mixed_precision(cfg: PrecisionConfig) -> MixedPrecisionPolicy:
 
 
 def parallelize(
-    model: nn.Module, mesh: DeviceMesh, parallel: ParallelConfig, precision: PrecisionConfig
+    model: nn.Module,
+    mesh: DeviceMesh,
+    parallel: ParallelConfig,
+    precision: PrecisionConfig,
+    units: list[nn.Module] | None = None,
 ) -> FSDPModule:
-    """Shard each transformer block, then the root (embeddings, final norm, head).
+    """Shard each unit (the model spec's: a transformer's blocks, by default `model.blocks`),
+    then the root (what is left: embeddings, final norm, head).
 
-    Order matters: activation checkpointing and compile wrap the block's compute before
+    Order matters: activation checkpointing and compile wrap the unit's compute before
     fully_shard registers its hooks, so all-gathers stay outside the compiled region.
     """
     mp = mixed_precision(precision)
-    blocks = list(model.blocks.values())  # type: ignore[union-attr]  # ModuleDict by layer
-    for i, block in enumerate(blocks):
-        block.activation_checkpointing = parallel.activation_checkpointing
+    if units is None:
+        units = list(model.blocks.values())  # type: ignore[union-attr]  # ModuleDict by layer
+    for i, unit in enumerate(units):
+        if parallel.activation_checkpointing:
+            checkpoint_activations(unit)
         if parallel.compile:
-            block.compile()
-        # The last block's parameters are needed again at the start of backward: keep them.
-        reshard = parallel.reshard_after_forward and i < len(blocks) - 1
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+            unit.compile()
+        # The last unit's parameters are needed again at the start of backward: keep them.
+        reshard = parallel.reshard_after_forward and i < len(units) - 1
+        fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(
         model, mesh=mesh, mp_policy=mp, reshard_after_forward=parallel.reshard_after_forward
     )
     return model  # type: ignore[return-value]
+
+
+def checkpoint_activations(unit: nn.Module) -> None:
+    """Recompute `unit`'s forward in backward: its own switch where it has one (the built-in
+    blocks), else its forward wrapped in torch.utils.checkpoint (non-reentrant)."""
+    if hasattr(unit, "activation_checkpointing"):
+        unit.activation_checkpointing = True
+        return
+    forward = unit.forward
+
+    @functools.wraps(forward)
+    def recomputed(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    unit.forward = recomputed  # type: ignore[method-assign]
 
 
 def local_param_bytes(model: nn.Module) -> int:

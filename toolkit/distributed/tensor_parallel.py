@@ -35,8 +35,6 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-SUPPORTED_KINDS = ("gpt",)
-
 
 def block_plan() -> dict[str, object]:
     """The plan for one toolkit.train.models.blocks.Block: its input and output are
@@ -70,12 +68,11 @@ def gpt_plan() -> dict[str, object]:
     }
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, kind: str) -> nn.Module:
-    """Shard `model` (built, on CPU or meta, not yet FSDP-wrapped) over `tp_mesh` in place.
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
+    """Shard the GPT `model` (built, on CPU or meta, not yet FSDP-wrapped) over `tp_mesh` in
+    place (the GPT spec's tensor_parallel, toolkit.train.models.builtin).
 
     Parts a pipeline stage does not hold (None) are skipped."""
-    if kind not in SUPPORTED_KINDS:
-        raise ValueError(f"tensor parallelism supports model.kind in {SUPPORTED_KINDS}, not {kind}")
     top = {
         name: style for name, style in gpt_plan().items() if getattr(model, name, None) is not None
     }

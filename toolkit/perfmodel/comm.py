@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 from toolkit.train.flops import block_params, param_counts
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -57,7 +57,7 @@ def collective_s(bytes_received: float, calls: float, bandwidth: float, latency_
 
 
 def communication(
-    model: ModelConfig,
+    model: TransformerConfig,
     *,
     shard_size: int,
     replicate: int,

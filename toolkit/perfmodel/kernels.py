@@ -16,7 +16,7 @@ torch's foreach AdamW; docs/perfmodel.md writes each one out.
 from __future__ import annotations
 
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 
 FP32 = 4
 # Non-GEMM bytes of one block's forward, in units of tokens*dim*bytes (r = mlp_ratio):
@@ -44,9 +44,9 @@ TENSORS_PER_BLOCK = 8  # norm1 w/b, qkv, proj, norm2 w/b, fc, proj
 ROOT_TENSORS = 5  # token and position embeddings, final norm w/b, head
 
 
-def output_width(model: ModelConfig) -> int:
+def output_width(model: TransformerConfig) -> int:
     """Outputs of the head: the vocabulary, or the time-series model's targets."""
-    return model.vocab_size if model.kind == "gpt" else (model.num_targets or model.num_series)
+    return model.outputs
 
 
 def shard(n: int, tp: int) -> int:
@@ -55,7 +55,7 @@ def shard(n: int, tp: int) -> int:
 
 
 def block_gemm_shapes(
-    model: ModelConfig, tokens: int, tp: int = 1
+    model: TransformerConfig, tokens: int, tp: int = 1
 ) -> list[tuple[str, int, int, int]]:
     """(name, m, n, k) of one block's forward GEMMs on `tokens` rows, on one of `tp` ranks:
     column-parallel qkv and fc split their outputs (n / tp), row-parallel projections their
@@ -72,7 +72,7 @@ def block_gemm_shapes(
 
 
 def gemm_shapes(
-    model: ModelConfig, tokens: int, width: int, tp: int = 1
+    model: TransformerConfig, tokens: int, width: int, tp: int = 1
 ) -> list[tuple[str, int, int, int]]:
     """(name, m, n, k) of the forward GEMMs of one micro-step on `tokens` rows: the block's
     four linears (per layer) and the head (`width` outputs, vocabulary-parallel under tp)."""
@@ -96,7 +96,12 @@ def forward_backward_gemm_s(m: int, n: int, k: int, dtype: str, hw: HardwareConf
 
 
 def block_gemm_s(
-    model: ModelConfig, tokens: int, dtype: str, hw: HardwareConfig, recompute: bool, tp: int = 1
+    model: TransformerConfig,
+    tokens: int,
+    dtype: str,
+    hw: HardwareConfig,
+    recompute: bool,
+    tp: int = 1,
 ) -> float:
     """Seconds of one block's GEMMs for one micro-step: forward, backward (two GEMMs per
     forward one) and, with activation checkpointing, the forward again."""
@@ -109,14 +114,14 @@ def block_gemm_s(
 
 
 def head_gemm_s(
-    model: ModelConfig, tokens: int, width: int, dtype: str, hw: HardwareConfig, tp: int = 1
+    model: TransformerConfig, tokens: int, width: int, dtype: str, hw: HardwareConfig, tp: int = 1
 ) -> float:
     """The head's GEMMs for one micro-step (never recomputed)."""
     return forward_backward_gemm_s(tokens, shard(width, tp), model.dim, dtype, hw)
 
 
 def gemm_time(
-    model: ModelConfig,
+    model: TransformerConfig,
     tokens: int,
     width: int,
     dtype: str,
@@ -129,7 +134,7 @@ def gemm_time(
     return blocks + head_gemm_s(model, tokens, width, dtype, hw, tp)
 
 
-def causal_attention_flops(model: ModelConfig, tokens: int, seq_len: int) -> float:
+def causal_attention_flops(model: TransformerConfig, tokens: int, seq_len: int) -> float:
     """Executed FLOPs of causal SDPA over one micro-step, forward + backward: full attention
     is 12*L*d*S per token (QK^T and AV: 4*L*d*S forward, twice that backward); causal
     executes about half."""
@@ -137,7 +142,7 @@ def causal_attention_flops(model: ModelConfig, tokens: int, seq_len: int) -> flo
 
 
 def block_attention_s(
-    model: ModelConfig,
+    model: TransformerConfig,
     tokens: int,
     seq_len: int,
     dtype: str,
@@ -154,7 +159,7 @@ def block_attention_s(
 
 
 def attention_time(
-    model: ModelConfig,
+    model: TransformerConfig,
     tokens: int,
     seq_len: int,
     dtype: str,
@@ -177,7 +182,7 @@ def cross_entropy_bytes_per_logit(act_bytes: int) -> float:
 # output's copy and GELU on heads / tp and hidden / tp, the loss on vocabulary / tp logits,
 # the embedding's dense gradient on vocabulary / tp rows. So their bytes divide by tp.
 def block_elementwise_bytes(
-    model: ModelConfig, tokens: int, act_bytes: int, recompute: bool, tp: int = 1
+    model: TransformerConfig, tokens: int, act_bytes: int, recompute: bool, tp: int = 1
 ) -> float:
     """Bytes one block's non-GEMM kernels move in one micro-step."""
     unit = tokens * model.dim * act_bytes
@@ -186,7 +191,7 @@ def block_elementwise_bytes(
 
 
 def embedding_elementwise_bytes(
-    model: ModelConfig, tokens: int, width: int, act_bytes: int, tp: int = 1
+    model: TransformerConfig, tokens: int, width: int, act_bytes: int, tp: int = 1
 ) -> float:
     """Embedding: 2 lookups + add (5 units) forward; backward zero-fills the (vocab x dim)
     gradient and adds the token rows into it (2 units)."""
@@ -195,7 +200,7 @@ def embedding_elementwise_bytes(
 
 
 def head_elementwise_bytes(
-    model: ModelConfig, tokens: int, width: int, act_bytes: int, tp: int = 1
+    model: TransformerConfig, tokens: int, width: int, act_bytes: int, tp: int = 1
 ) -> float:
     """Final norm (2 units forward, 4 backward) and the loss over the logits."""
     unit = tokens * model.dim * act_bytes
@@ -203,7 +208,7 @@ def head_elementwise_bytes(
 
 
 def elementwise_bytes(
-    model: ModelConfig, tokens: int, width: int, act_bytes: int, recompute: bool, tp: int = 1
+    model: TransformerConfig, tokens: int, width: int, act_bytes: int, recompute: bool, tp: int = 1
 ) -> float:
     """Bytes the non-GEMM kernels of one micro-step move."""
     blocks = model.num_layers * block_elementwise_bytes(model, tokens, act_bytes, recompute, tp)
@@ -218,7 +223,7 @@ def block_ops(recompute: bool) -> float:
     return BLOCK_FORWARD_OPS * (1 + BACKWARD_OPS_FACTOR + (1 if recompute else 0))
 
 
-def ops_per_micro_step(model: ModelConfig, recompute: bool) -> float:
+def ops_per_micro_step(model: TransformerConfig, recompute: bool) -> float:
     root = (EMBEDDING_FORWARD_OPS + HEAD_FORWARD_OPS) * (1 + BACKWARD_OPS_FACTOR)
     return model.num_layers * block_ops(recompute) + root
 
@@ -228,7 +233,7 @@ def optimizer_bytes(local_params: float) -> float:
     return (ADAMW_WORDS_PER_PARAM + CLIP_WORDS_PER_PARAM) * FP32 * local_params
 
 
-def optimizer_ops(model: ModelConfig) -> float:
+def optimizer_ops(model: TransformerConfig) -> float:
     """Foreach kernels run one launch per tensor where no fused multi-tensor kernel exists
     (CPU); on GPU one launch covers many tensors, so this is an upper bound there."""
     return OPTIMIZER_FOREACH_OPS * (TENSORS_PER_BLOCK * model.num_layers + ROOT_TENSORS)

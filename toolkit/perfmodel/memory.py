@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 from toolkit.perfmodel import pipeline, tp
 from toolkit.perfmodel.comm import DTYPE_BYTES
 from toolkit.perfmodel.kernels import output_width
@@ -35,7 +35,7 @@ def block_activation_units(mlp_ratio: float) -> float:
 
 
 def stage_memory(
-    model: ModelConfig, layout: Layout, stage: pipeline.Stage, capacity_bytes: float
+    model: TransformerConfig, layout: Layout, stage: pipeline.Stage, capacity_bytes: float
 ) -> dict[str, Any]:
     """Bytes on one rank of pipeline rank `stage`. Sharded state is fp32 (the model is built
     in fp32; FSDP2 keeps the sharded parameters in their original dtype and casts to
@@ -83,7 +83,7 @@ def stage_memory(
     if stage.head:
         held = pipeline.logits_in_flight(layout.pp_schedule, m) if p > 1 else 1
         width = output_width(model) / layout.tp
-        if fused_cross_entropy(layout.kernels, model.kind):
+        if fused_cross_entropy(layout.kernels, model.token_inputs):
             fused = fused_loss_bytes(tokens, int(width), model.dim, p_bytes)
             logits = fused["chunk"]
             loss_held = held * fused["held"]
@@ -141,7 +141,7 @@ def stage_memory(
         "activations_bytes": activations,
         "logits_bytes": logits,
         "loss_held_bytes": loss_held,
-        "fused_cross_entropy": float(fused_cross_entropy(layout.kernels, model.kind)),
+        "fused_cross_entropy": float(fused_cross_entropy(layout.kernels, model.token_inputs)),
         "optimizer_state_bytes_per_param": optimizer_state_bytes_per_param(layout.optimizer),
         "state_bytes": params + grads + optimizer,
         "backward_peak_bytes": backward_peak,
@@ -152,7 +152,7 @@ def stage_memory(
 
 
 def memory(
-    model: ModelConfig,
+    model: TransformerConfig,
     layout: Layout,
     capacity_bytes: float = float("inf"),
     stages: list[pipeline.Stage] | None = None,

@@ -55,11 +55,11 @@ def optimizer_state_bytes_per_param(name: str) -> float:
     return OPTIMIZER_STATE_BYTES[name][0]
 
 
-def fused_cross_entropy(kernels: str, kind: str = "gpt") -> bool:
+def fused_cross_entropy(kernels: str, token_inputs: bool = True) -> bool:
     """Whether the loss runs fused: model.kernels=liger on the GPT (the time-series model's
     loss is not a cross-entropy). `auto` counts as torch: it falls back to torch where Liger
     or a GPU is missing, and the memory estimate must not bet on the smaller number."""
-    return kernels == "liger" and kind == "gpt"
+    return kernels == "liger" and token_inputs
 
 
 def next_power_of_2(n: int) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 from toolkit.perfmodel import pipeline
 from toolkit.perfmodel.comm import DTYPE_BYTES
 from toolkit.perfmodel.layout import Layout
@@ -53,20 +53,20 @@ __all__ = [
 
 
 # -- FLOPs -------------------------------------------------------------------------------------
-def executed_flops_per_token(model: ModelConfig, seq_len: int) -> float:
+def executed_flops_per_token(model: TransformerConfig, seq_len: int) -> float:
     """FLOPs the kernels execute per token, forward + backward: 6 per matmul parameter plus
     causal attention, about half of full attention's 12*L*d*S."""
     return 6.0 * matmul_params(model) + 0.5 * 12.0 * model.num_layers * model.dim * seq_len
 
 
-def causal_recompute_flops_per_token(model: ModelConfig, seq_len: int) -> float:
+def causal_recompute_flops_per_token(model: TransformerConfig, seq_len: int) -> float:
     """The recomputed forward as executed: 2 per block parameter + half of 4*L*d*S."""
     return 2.0 * model.num_layers * block_params(model.dim, model.mlp_ratio) + (
         0.5 * 4.0 * model.num_layers * model.dim * seq_len
     )
 
 
-def flops(model: ModelConfig, layout: Layout) -> dict[str, float]:
+def flops(model: TransformerConfig, layout: Layout) -> dict[str, float]:
     """Model FLOPs (PaLM: full attention, no recompute; what MFU counts) and executed FLOPs
     (causal attention, recompute included; what HFU counts)."""
     per_token = flops_per_token(model, layout.seq_len)
@@ -174,7 +174,7 @@ def device_capacity(hw: HardwareConfig, ranks_per_node: int) -> float:
     return hw.memory_bytes / ranks_per_node if hw.cores_per_node > 0 else hw.memory_bytes
 
 
-def predict(model: ModelConfig, layout: Layout, hw: HardwareConfig) -> Prediction:
+def predict(model: TransformerConfig, layout: Layout, hw: HardwareConfig) -> Prediction:
     stages = pipeline.layout_stages(model, layout, hw)
     flop = flops(model, layout)
     mem = memory(model, layout, device_capacity(hw, layout.ranks_per_node), stages)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 from toolkit.perfmodel import kernels
 from toolkit.perfmodel.comm import DTYPE_BYTES
 
@@ -75,7 +75,7 @@ def p2p_bytes(micro_batch: int, seq_len: int, dim: int, act_bytes: int, tp: int 
 
 # -- per-layer cost and stage balance ------------------------------------------------------
 def part_seconds(
-    model: ModelConfig,
+    model: TransformerConfig,
     tokens: int,
     seq_len: int,
     hw: HardwareConfig,
@@ -111,7 +111,7 @@ def part_seconds(
 
 
 def layer_costs(
-    model: ModelConfig,
+    model: TransformerConfig,
     seq_len: int,
     hw: HardwareConfig | None = None,
     *,
@@ -184,7 +184,9 @@ def rank_stages(split: list[int], p: int) -> list[Stage]:
     ]
 
 
-def layout_stages(model: ModelConfig, layout, hw: HardwareConfig | None = None) -> list[Stage]:
+def layout_stages(
+    model: TransformerConfig, layout, hw: HardwareConfig | None = None
+) -> list[Stage]:
     """The pipeline ranks of a Layout: parallel.pp_split when given, else balanced on
     `layer_costs` over pp x virtual stages."""
     p, v = layout.pp, layout.virtual_stages

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 from toolkit.perfmodel import comm as comm_model
 from toolkit.perfmodel import kernels, pipeline, tp
 from toolkit.perfmodel.comm import DTYPE_BYTES
@@ -26,7 +26,9 @@ STEP_COMPUTE_TERMS = (*COMPUTE_TERMS, "fsdp_copy")  # + FSDP2's copies, per step
 EMBEDDING_TENSORS, HEAD_TENSORS = 2, 3  # token + position embeddings; final norm w/b, head
 
 
-def fsdp_unit_collectives(model: ModelConfig, layout: Layout, blocks: int | None = None) -> int:
+def fsdp_unit_collectives(
+    model: TransformerConfig, layout: Layout, blocks: int | None = None
+) -> int:
     """Unit all-gathers and reduce-scatters FSDP2 runs per step on a rank holding `blocks`
     blocks (all of them by default), whatever the world size (copy-in/copy-out happen even
     on one rank)."""
@@ -36,13 +38,15 @@ def fsdp_unit_collectives(model: ModelConfig, layout: Layout, blocks: int | None
     return layout.grad_accum * (units + regathered) + units
 
 
-def stage_params(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, float]:
+def stage_params(
+    model: TransformerConfig, layout: Layout, stage: pipeline.Stage
+) -> dict[str, float]:
     local = tp.local_params(model, layout.tp)
     root = local["embedding"] * stage.embedding + local["head"] * stage.head
     return {"block": local["block"], "total": root + stage.blocks * local["block"]}
 
 
-def fsdp_units(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, Any]:
+def fsdp_units(model: TransformerConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, Any]:
     """What FSDP2 shards on a stage's rank and how it runs, as toolkit.perfmodel.comm's
     fsdp_communication and fsdp_copy_bytes take it."""
     params = stage_params(model, layout, stage)
@@ -58,7 +62,9 @@ def fsdp_units(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dic
     }
 
 
-def fsdp_traffic(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> dict[str, float]:
+def fsdp_traffic(
+    model: TransformerConfig, layout: Layout, stage: pipeline.Stage
+) -> dict[str, float]:
     c = comm_model.fsdp_communication(
         **fsdp_units(model, layout, stage), replicate=layout.replicate
     )
@@ -68,7 +74,7 @@ def fsdp_traffic(model: ModelConfig, layout: Layout, stage: pipeline.Stage) -> d
 
 
 def fsdp_copy_s(
-    model: ModelConfig, layout: Layout, hw: HardwareConfig, stage: pipeline.Stage
+    model: TransformerConfig, layout: Layout, hw: HardwareConfig, stage: pipeline.Stage
 ) -> float:
     """Seconds of FSDP2's copy-in/copy-out per step (toolkit.perfmodel.comm.fsdp_copy_bytes)
     at the rank's copy rate."""
@@ -94,7 +100,7 @@ def links(hw: HardwareConfig, layout: Layout) -> dict[str, tuple[float, float]]:
 
 
 def stage_time(
-    model: ModelConfig, layout: Layout, hw: HardwareConfig, stage: pipeline.Stage
+    model: TransformerConfig, layout: Layout, hw: HardwareConfig, stage: pipeline.Stage
 ) -> dict[str, float]:
     """Seconds on one pipeline rank: per micro-batch (`*_mb_s`) and per step (FSDP, optimizer)."""
     tokens = layout.micro_batch_size * layout.seq_len
@@ -180,7 +186,7 @@ def link_name(used: bool, within: bool) -> str:
 
 
 def step_time(
-    model: ModelConfig,
+    model: TransformerConfig,
     layout: Layout,
     hw: HardwareConfig,
     stages: list[pipeline.Stage] | None = None,
@@ -235,7 +241,7 @@ def step_time(
 
 
 def communication(
-    model: ModelConfig, layout: Layout, stages: list[pipeline.Stage] | None = None
+    model: TransformerConfig, layout: Layout, stages: list[pipeline.Stage] | None = None
 ) -> dict[str, float]:
     """Bytes and calls per rank and step, split by link, for the pipeline rank that moves
     the most (the only one without pp): FSDP2 (toolkit.perfmodel.comm), tensor-parallel

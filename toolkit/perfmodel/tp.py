@@ -19,7 +19,7 @@ overlap is modelled (Korthikanti et al. and torch's TP overlap none of them by d
 
 from __future__ import annotations
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 from toolkit.perfmodel.comm import collective_s, ring_fraction
 from toolkit.train.flops import block_params, param_counts
 
@@ -28,12 +28,12 @@ LOSS_PARALLEL_ALLREDUCES = 2  # max and sum of exponentials over the vocabulary 
 FP32 = 4
 
 
-def block_norm_params(model: ModelConfig) -> int:
+def block_norm_params(model: TransformerConfig) -> int:
     """LayerNorm weights and biases of one block: replicated over tp ranks."""
     return 4 * model.dim
 
 
-def local_params(model: ModelConfig, tp: int) -> dict[str, float]:
+def local_params(model: TransformerConfig, tp: int) -> dict[str, float]:
     """Parameters on one of `tp` ranks, by part (before FSDP shards them): matmul weights
     and the token embedding split tp ways; norms and the position embedding replicated."""
     counts = param_counts(model)
@@ -67,7 +67,7 @@ def block_activation_units(mlp_ratio: float, tp: int) -> float:
 
 
 def collectives(
-    model: ModelConfig,
+    model: TransformerConfig,
     *,
     blocks: int,
     embedding: bool,

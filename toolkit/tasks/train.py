@@ -15,13 +15,14 @@ import torch
 import torch.distributed as dist
 
 from toolkit.config.job import JobConfig
+from toolkit.config.model import TransformerConfig, series_shape, vocab_size
 from toolkit.config.parallel import MeshShape, mesh_shape, pipeline_stages
 from toolkit.config.shape import micro_batch_size
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import local_param_bytes, parallelize
 from toolkit.distributed.mesh import build_mesh, data_parallel_mesh, record_layout
-from toolkit.distributed.tensor_parallel import apply_tensor_parallel, loss_context
+from toolkit.distributed.tensor_parallel import loss_context
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 from toolkit.events import Fanout, JsonlSink, Sink
 from toolkit.hooks import Hook
@@ -33,11 +34,13 @@ from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
 from toolkit.telemetry.spec import WatchdogSpec
 from toolkit.train.console import ConsoleSink
 from toolkit.train.data import BatchPlan, Loader, open_sources
-from toolkit.train.flops import flops_per_token
 from toolkit.train.loop import Trainer
-from toolkit.train.models import build_model, use_kernels
+from toolkit.train.models import use_kernels
+from toolkit.train.models.registry import spec_config, spec_for
+from toolkit.train.models.spec import ModelSpec
 from toolkit.train.optim import build_optimizer, build_scheduler
 from toolkit.train.pipeline import PipelineStep, build_pipeline
+from toolkit.train.steps import Accumulation
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +177,7 @@ def build_loaders(
             train, val = build_dataset_loaders(
                 job.data,
                 SamplePlan(**dataclasses.asdict(plan)),
-                job.model.num_series,
-                job.model.num_targets,
+                *series_shape(job.model),
                 pin_memory=job.data.pin_memory and device.type == "cuda",
                 run_dir=run_dir if env.is_rank0 else None,
             )
@@ -184,7 +186,7 @@ def build_loaders(
         if job.data.sample == "per_instrument":  # one row per instrument: group by time step
             return train, val, functools.partial(rank_ic, group=val.windows.num_instruments)
         return train, val, rank_ic
-    sources = open_sources(job.data, job.model.vocab_size)
+    sources = open_sources(job.data, vocab_size(job.model) or 256)
     loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)
     val_plan = dataclasses.replace(plan, grad_accum=1)
     return loader, Loader(sources["val"], val_plan, prefetch=0, split="val"), None
@@ -224,30 +226,35 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     shape = mesh_shape(job.parallel, dist.get_world_size())
     if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
         raise ValueError(shape)
+    spec = spec_for(job.model)
     torch.manual_seed(job.seed)
-    model = build_model(job.model)
-    choose_kernels(model, job, shape, device, env)
+    model = spec.build(spec_config(job.model))
+    if isinstance(job.model, TransformerConfig):  # the built-ins' fused kernels
+        choose_kernels(model, job, shape, device, env)
     if job.parallel.meta_init:
         model = model.to("meta")
     else:
-        model.reset_parameters()  # on CPU, before sharding: identical for every world size
+        spec.initialise(model)  # on CPU, before sharding: identical for every world size
     mesh = build_mesh(shape, device.type)
     record_layout(shape, device, run_dir / "mesh.json")
     pipe = None
     if shape.pp > 1:  # this rank's stages: tensor parallel, then sharded over the dp dims
         split = pipeline_split(job, shape)
         pipe = build_pipeline(
-            model, mesh, shape, job.parallel, job.precision, split, job.model.kind
+            model, mesh, shape, job.parallel, job.precision, split, spec.tensor_parallel
         )
         model = pipe.model
     else:
-        if shape.tp > 1:  # first tensor parallelism, then FSDP2 over the dp dims (2D)
-            model = apply_tensor_parallel(model, mesh["tp"], job.model.kind)
-        model = parallelize(model, data_parallel_mesh(mesh, shape), job.parallel, job.precision)
+        if shape.tp > 1 and spec.tensor_parallel is not None:  # tp, then FSDP2 over dp (2D)
+            model = spec.tensor_parallel(model, mesh["tp"])
+        units = spec.units_of(model)
+        model = parallelize(
+            model, data_parallel_mesh(mesh, shape), job.parallel, job.precision, units
+        )
     if job.parallel.meta_init:
         model.to_empty(device=device)
         torch.manual_seed(job.seed + env.rank)
-        model.reset_parameters()
+        spec.initialise(model)
     else:
         model.to(device)
 
@@ -275,11 +282,14 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         comm = CommTimer(
             progress=heartbeat, timing=job.telemetry.comm_timing, cuda=device.type == "cuda"
         ).install()
-    strategy = None
     if pipe is not None:
         loss_ranks = shape.world_size // shape.pp  # the last stage's ranks hold the loss
         strategy = PipelineStep(
             pipe, job.parallel.pp_schedule, device, model.loss, loss_ranks, timer=comm
+        )
+    else:
+        strategy = Accumulation(
+            model, device, loss_context(shape.tp), comm, spec.loss_of, spec.predict
         )
     trainer = Trainer(
         job.trainer,
@@ -289,7 +299,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         loader,
         sink,
         device=device,
-        flops_per_token=flops_per_token(job.model, job.data.seq_len),
+        flops_per_sample=model_flops_per_sample(spec, job, model),
         peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
         val_loader=val_loader,
         grad_clip=job.optim.grad_clip,
@@ -297,12 +307,19 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         comm_timer=comm,  # timing=False: take() reports zeros, as with no timer
         heartbeat=heartbeat,
         eval_metric=eval_metric,
-        loss_context=loss_context(shape.tp),
         strategy=strategy,
     )
+    trainer.throughput_unit = spec.unit
     trainer.layout = shape.degrees()
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer
+
+
+def model_flops_per_sample(spec: ModelSpec, job: JobConfig, model: torch.nn.Module) -> float:
+    """The spec's analytic FLOPs per sample, else 0 (MFU then reads 0: not measured)."""
+    if spec.flops_per_sample is not None:
+        return spec.flops_per_sample(spec_config(job.model), job.data.seq_len)
+    return 0.0
 
 
 def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> dict[str, Any]:
@@ -341,7 +358,10 @@ def print_summary(s: dict[str, Any]) -> None:
         ("val loss", f"{s['val_loss']:.4f}" if s["val_loss"] is not None else "-"),
         *([("val IC (rank corr.)", f"{s['val_ic']:.4f}")] if "val_ic" in s else []),
         ("data wait", f"{100 * s['data_wait_share']:.2f}% of step time"),
-        ("median tokens/s", f"{s['median_tokens_per_s']:,.0f}"),
+        (
+            f"median {s['throughput_unit']}/s",
+            f"{s['median_tokens_per_s' if s['throughput_unit'] == 'tokens' else 'median_samples_per_s']:,.0f}",
+        ),
         ("median MFU", f"{100 * s['median_mfu']:.2f}%"),
         ("peak memory", f"{s['peak_memory_bytes'] / 2**20:,.0f} MiB"),
     ]

@@ -14,7 +14,7 @@ d: model width, S: sequence length. The 6 is 2 (multiply-add) x 3 (forward + bac
 
 from __future__ import annotations
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import TransformerConfig
 
 
 def block_params(dim: int, mlp_ratio: float) -> int:
@@ -25,12 +25,12 @@ def block_params(dim: int, mlp_ratio: float) -> int:
     return attention + mlp + norms
 
 
-def param_counts(cfg: ModelConfig) -> dict[str, int]:
+def param_counts(cfg: TransformerConfig) -> dict[str, int]:
     """Parameter counts by part: {'embedding', 'blocks', 'head', 'total'}."""
     d = cfg.dim
     blocks = cfg.num_layers * block_params(d, cfg.mlp_ratio)
     final_norm = 2 * d
-    if cfg.kind == "gpt":
+    if cfg.token_inputs:  # token and position embeddings: lookups
         embedding = cfg.vocab_size * d + cfg.max_seq_len * d
         head = d * cfg.vocab_size + final_norm
     else:  # timeseries: linear input projection is a matmul, positions are a lookup
@@ -45,12 +45,12 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     }
 
 
-def matmul_params(cfg: ModelConfig) -> int:
+def matmul_params(cfg: TransformerConfig) -> int:
     counts = param_counts(cfg)
     return counts["total"] - counts["embedding"]
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+def flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
     return 6.0 * matmul_params(cfg) + 12.0 * cfg.num_layers * cfg.dim * seq_len
 
 

@@ -34,7 +34,7 @@ from toolkit.hooks import Hook, Stop, split_votes
 from toolkit.train.data import Loader
 from toolkit.train.faults import FaultInjector
 from toolkit.train.flops import mfu
-from toolkit.train.steps import Accumulation, StepStrategy
+from toolkit.train.steps import Accumulation, MicroBatches, StepStrategy
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Trainer:
         sink: Sink,
         *,
         device: torch.device,
-        flops_per_token: float,
+        flops_per_sample: float,
         peak_flops: float,
         val_loader: Loader | None = None,
         hooks: list[Hook] | None = None,
@@ -88,7 +88,7 @@ class Trainer:
         self.val_loader = val_loader
         self.sink = sink
         self.device = device
-        self.flops_per_token = flops_per_token
+        self.flops_per_sample = flops_per_sample  # model FLOPs of one sample, fwd + bwd
         self.peak_flops = peak_flops
         self.hooks = hooks or []
         self.grad_clip = grad_clip
@@ -101,6 +101,7 @@ class Trainer:
         self.strategy = strategy or Accumulation(model, device, loss_context, comm_timer)
         self.val_metrics: dict[str, float] = {}
         self.layout: dict[str, int] = {}  # mesh degrees, set by the composition root
+        self.throughput_unit = "tokens"  # the model's (its spec's): tokens | samples
         self.rank = dist.get_rank()
         self.faults = FaultInjector(fault or FaultConfig(), self.rank)
         self.world_size = dist.get_world_size()
@@ -111,6 +112,7 @@ class Trainer:
         self._started = time.time()
         plan = loader.plan
         self.tokens_per_step = plan.global_batch_size * plan.seq_len
+        self.samples_per_step = plan.global_batch_size
 
     # -- what hooks see (toolkit.hooks.TrainerView) -------------------------------------
     @property
@@ -181,10 +183,11 @@ class Trainer:
             val = self.val_loader.plan
             self.val_loader.plan = dataclasses.replace(val, micro_batch_size=micro)
         self.tokens_per_step = global_batch * plan.seq_len
+        self.samples_per_step = global_batch
 
     # -- one optimizer step ------------------------------------------------------------
     def train_step(
-        self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
+        self, micro_batches: MicroBatches
     ) -> tuple[float, float, float, float, list[float]]:
         """Forward/backward over the micro-batches (self.strategy), then clip and step.
         Returns the mean loss, the grad norm, both phases' seconds and the votes summed over
@@ -250,14 +253,14 @@ class Trainer:
         plan = self.val_loader.plan
         total = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss, metric, count
         for i in range(self.cfg.eval_batches):
-            for inputs, targets in self.val_loader.batch(i):
+            for batch in self.val_loader.batch(i):
                 want = self.eval_metric is not None
-                loss, preds = self.strategy.eval_batch(inputs, targets, want)
+                loss, preds, targets = self.strategy.eval_batch(batch, want)
                 if loss is None:  # not the last pipeline stage: nothing to add
                     continue
                 total[0] += loss.double()
-                if want:
-                    metric, count = self.eval_metric(preds, targets.to(self.device))
+                if preds is not None and targets is not None and self.eval_metric is not None:
+                    metric, count = self.eval_metric(preds, targets)
                     total[1] += metric
                     total[2] += count
         self.model.train()
@@ -298,6 +301,7 @@ class Trainer:
                 self.state.step += 1
                 self.state.tokens_seen += self.tokens_per_step
                 tps = self.tokens_per_step / step_time
+                samples_per_s = self.samples_per_step / step_time
                 record = StepRecord(
                     step=self.state.step,
                     wall_time=time.time(),
@@ -310,7 +314,8 @@ class Trainer:
                     lr=lr,
                     tokens=self.tokens_per_step,
                     tokens_per_s=tps,
-                    mfu=mfu(tps, self.flops_per_token, self.peak_flops, self.world_size),
+                    samples_per_s=samples_per_s,
+                    mfu=mfu(samples_per_s, self.flops_per_sample, self.peak_flops, self.world_size),
                     mem_peak_bytes=peak_memory_bytes(self.device),
                     rank=self.rank,
                     **self._breakdown(step_time, data_wait),
@@ -383,6 +388,9 @@ class Trainer:
             "median_tokens_per_s": statistics.median(r.tokens_per_s for r in measured)
             if measured
             else 0.0,
+            "median_samples_per_s": statistics.median(r.samples_per_s for r in measured)
+            if measured
+            else 0.0,
             "median_mfu": statistics.median(r.mfu for r in measured) if measured else 0.0,
             "median_step_time_s": statistics.median(r.step_time_s for r in measured)
             if measured
@@ -399,4 +407,5 @@ class Trainer:
             "exit_code": self.stop.exit_code if self.stop is not None else 0,
             "world_size": self.world_size,
             "layout": self.layout,
+            "throughput_unit": self.throughput_unit,
         }

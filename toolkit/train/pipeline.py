@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -32,7 +33,6 @@ from toolkit.config.precision import PrecisionConfig
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.fsdp import clip_grad_norm_, parallelize
 from toolkit.distributed.mesh import data_parallel_mesh
-from toolkit.distributed.tensor_parallel import apply_tensor_parallel
 from toolkit.train.models.stages import StagedModel
 from toolkit.train.steps import MicroBatches
 
@@ -88,7 +88,7 @@ def build_pipeline(
     par: ParallelConfig,
     precision: PrecisionConfig,
     split: list[int],
-    model_kind: str = "gpt",
+    tensor_parallel: Callable[[nn.Module, DeviceMesh], nn.Module] | None = None,
 ) -> Pipeline:
     """Keep this rank's stages of `model` (the rest is dropped), split them over the tp
     ranks (tensor parallelism, when tp > 1: stage boundaries then carry the sequence-sharded
@@ -106,8 +106,8 @@ def build_pipeline(
     # The other stages' keys: a checkpoint holds them, and they still belong to the model
     # (toolkit.checkpoint.loading.keys_elsewhere).
     kept.keys_elsewhere = frozenset(everything - set(kept.state_dict()))
-    if shape.tp > 1:
-        apply_tensor_parallel(kept, mesh["tp"], model_kind)
+    if shape.tp > 1 and tensor_parallel is not None:  # the launcher refused tp without one
+        tensor_parallel(kept, mesh["tp"])
     parts = [kept.part(layers[s], first=s == 0, last=s == num_stages - 1) for s in ids]
     dp_mesh = data_parallel_mesh(mesh, shape)
     for part in parts:
@@ -173,10 +173,11 @@ class PipelineStep:
 
     @torch.no_grad()
     def eval_batch(
-        self, inputs: torch.Tensor, targets: torch.Tensor, predictions: bool
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        self, batch: tuple[torch.Tensor, torch.Tensor], predictions: bool
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """Forward only, stage after stage (hidden states sent to the next stage's rank);
-        the loss and predictions on the last stage's ranks, (None, None) elsewhere."""
+        the loss, predictions and targets on the last stage's ranks, Nones elsewhere."""
+        inputs, targets = batch
         x = inputs.to(self.device)
         out = None
         for part, sid in zip(self.pipe.parts, self.pipe.ids, strict=True):
@@ -188,8 +189,9 @@ class PipelineStep:
             else:
                 out = x
         if out is None:
-            return None, None
-        return self.loss_fn(out, targets.to(self.device)), (out if predictions else None)
+            return None, None, None
+        targets = targets.to(self.device)
+        return self.loss_fn(out, targets), (out if predictions else None), targets
 
     def _send(self, x: torch.Tensor, peer: int) -> None:
         header = torch.zeros(HEADER, dtype=torch.int64)

@@ -18,8 +18,13 @@ from torch import nn
 
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.fsdp import clip_grad_norm_
+from toolkit.train.models.spec import Batch, LossFn, pair_loss, to_device
 
-MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
+# A step's micro-batches: (inputs, targets) pairs from the built-in data, or whatever your
+# collate function returns (toolkit.train.models.spec.Batch).
+MicroBatches = list[Batch]
+Predict = Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
+EvalResult = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 
 
 class StepStrategy(Protocol):
@@ -31,9 +36,10 @@ class StepStrategy(Protocol):
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor: ...
 
-    def eval_batch(
-        self, inputs: torch.Tensor, targets: torch.Tensor, predictions: bool
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]: ...
+    def eval_batch(self, batch: Batch, predictions: bool) -> EvalResult:
+        """(loss, predictions, targets): Nones where this rank holds no loss, and no
+        predictions unless asked and known."""
+        ...
 
 
 class Accumulation:
@@ -41,7 +47,8 @@ class Accumulation:
 
     Non-final micro-steps skip FSDP's reduce-scatter (set_requires_gradient_sync), so
     gradients accumulate unsharded locally and are reduced once. Forward and backward run
-    in `loss_context` (loss_parallel() under tensor parallelism)."""
+    in `loss_context` (loss_parallel() under tensor parallelism); a micro-batch's loss is
+    the model spec's (`loss`), its predictions for an eval metric the spec's `predict`."""
 
     def __init__(
         self,
@@ -49,36 +56,41 @@ class Accumulation:
         device: torch.device,
         loss_context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
         timer: CommTimer | None = None,
+        loss: LossFn = pair_loss,
+        predict: Predict | None = None,
     ):
         self.model = model
         self.device = device
         self.loss_context = loss_context
         self.timer = timer  # clipping's all-reduce is timed as communication
+        self.loss = loss
+        self.predict = predict
         self.loss_ranks = dist.get_world_size()  # tp peers hold the same loss: still the mean
 
     def forward_backward(self, micro_batches: MicroBatches) -> torch.Tensor:
         """This rank's mean loss over its micro-batches (gradients left in .grad)."""
         accum = len(micro_batches)
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float32)
-        for i, (inputs, targets) in enumerate(micro_batches):
+        for i, batch in enumerate(micro_batches):
             if hasattr(self.model, "set_requires_gradient_sync"):
                 self.model.set_requires_gradient_sync(i == accum - 1)
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+            batch = to_device(batch, self.device)
             with self.loss_context():
-                loss = self.model(inputs, targets) / accum
+                loss = self.loss(self.model, batch) / accum
                 loss.backward()
-            loss_sum += loss.detach()
+            loss_sum += loss.detach().float()
         return loss_sum
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         return clip_grad_norm_(self.model, max_norm, self.timer)
 
-    def eval_batch(
-        self, inputs: torch.Tensor, targets: torch.Tensor, predictions: bool
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The batch's loss and, when asked, the model's predictions."""
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
+    def eval_batch(self, batch: Batch, predictions: bool) -> EvalResult:
+        """The batch's loss and, when asked (and the spec says them), the model's
+        predictions and the targets they are scored against."""
+        batch = to_device(batch, self.device)
         with self.loss_context():
-            loss = self.model(inputs, targets)
-        return loss, (self.model(inputs) if predictions else None)
+            loss = self.loss(self.model, batch)
+        if predictions and self.predict is not None:
+            preds, targets = self.predict(self.model, batch)
+            return loss, preds, targets
+        return loss, None, None

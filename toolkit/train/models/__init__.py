@@ -1,25 +1,20 @@
-"""Model builders: a dict from ModelConfig.kind to constructor is all the registry we need."""
+"""The built-in models, their kernels switch, and `build_model` for any model config (its spec:
+toolkit.train.models.registry)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from torch import nn
 
 from toolkit.config.model import ModelConfig
 from toolkit.train.models.blocks import Block, LayerNorm
-from toolkit.train.models.gpt import GPT
 from toolkit.train.models.stages import StagedModel
-from toolkit.train.models.timeseries import TimeSeriesTransformer
-
-BUILDERS: dict[str, Callable[[ModelConfig], nn.Module]] = {
-    "gpt": GPT,
-    "timeseries": TimeSeriesTransformer,
-}
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:
-    return BUILDERS[cfg.kind](cfg)
+    """The model `cfg` names, built by its spec (default init)."""
+    from toolkit.train.models.registry import build
+
+    return build(cfg)
 
 
 def use_kernels(model: nn.Module, kernels: str, compiled_blocks: bool = False) -> list[str]:

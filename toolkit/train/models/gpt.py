@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from toolkit.config.model import ModelConfig
+from toolkit.config.model import GPTConfig
 from toolkit.kernels import liger
 from toolkit.train.models.blocks import Block, LayerNorm, init_weights
 from toolkit.train.models.stages import StagedModel
@@ -35,7 +35,7 @@ class GPT(StagedModel):
     OUTPUT = ("norm", "head")
     loss = staticmethod(gpt_loss)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)

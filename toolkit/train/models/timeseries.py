@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from toolkit.config.model import ModelConfig, num_instruments
+from toolkit.config.model import TimeSeriesConfig, num_instruments
 from toolkit.kernels.masked_loss import masked_regression_loss, masked_regression_loss_reference
 from toolkit.kernels.masked_norm import (
     masked_cross_section_norm,
@@ -45,7 +45,7 @@ class TimeSeriesTransformer(StagedModel):
     INPUT = ("inp", "pos_emb")
     OUTPUT = ("norm", "head")
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: TimeSeriesConfig):
         super().__init__()
         self.cfg = cfg
         self.inp = nn.Linear(cfg.num_series, cfg.dim)

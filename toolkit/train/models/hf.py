@@ -1,0 +1,52 @@
+"""Any Hugging Face `transformers` causal LM, built from its config (never downloaded weights):
+`model=hf_llama_tiny`, or `model.kind=hf_causal_lm model.config.model_type=llama ...`.
+
+The model's config comes from `transformers.AutoConfig.for_model(model_type, **fields)` and
+the model from `AutoModelForCausalLM.from_config`; FSDP2 shards each decoder layer (the
+children of the model's largest list of like modules: `model.model.layers` for Llama,
+Mistral, Qwen and most others). Batches are the token data's (inputs, targets) pairs: the
+loss is the mean next-token cross-entropy over the model's logits, the targets already
+shifted by the loader. `transformers` is an optional extra (`pip install -e .[hf]`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from toolkit.config.model import HFModelConfig
+from toolkit.errors import UserError
+from toolkit.train.models.spec import Batch, ModelSpec
+
+
+def build(cfg: HFModelConfig) -> nn.Module:
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:
+        raise UserError(
+            "model.kind=hf_causal_lm needs the transformers package: pip install -e '.[hf]'"
+        ) from None
+    fields = dict(cfg.config)
+    model_type = str(fields.pop("model_type"))
+    try:
+        config = AutoConfig.for_model(model_type, **fields)
+    except ValueError as exc:
+        raise UserError(f"model.config.model_type={model_type}: {exc}") from None
+    return AutoModelForCausalLM.from_config(config)
+
+
+def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """Mean cross-entropy of the logits against the loader's (already shifted) targets."""
+    inputs, targets = batch
+    logits = model(input_ids=inputs, use_cache=False).logits
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+def init(model: nn.Module) -> None:
+    """transformers' own initialisation (its `_init_weights` per module), seeded by the
+    caller: the same for every world size, and after meta init."""
+    model.init_weights() if hasattr(model, "init_weights") else None
+
+
+SPEC = ModelSpec(name="hf_causal_lm", build=build, loss=loss, init=init, unit="tokens")
