@@ -15,7 +15,7 @@ from toolkit.config.hardware import HardwareConfig
 from toolkit.config.launch import LaunchConfig
 from toolkit.config.model import ModelConfig
 from toolkit.config.nccl import NcclConfig
-from toolkit.config.optim import OptimConfig
+from toolkit.config.optim import OptimConfig, OptimTargetConfig
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
 from toolkit.config.telemetry import TelemetryConfig
@@ -67,7 +67,7 @@ GROUPS: dict[str, type] = {
 # Groups whose node may hold `_target_` (toolkit.config.targets): group -> the schema of such
 # a node (the toolkit's settings for it; every other key is a keyword argument). A group
 # listed here is typed by toolkit.config.compose.group_config.
-TARGET_SCHEMAS: dict[str, type] = {}
+TARGET_SCHEMAS: dict[str, type] = {"optim": OptimTargetConfig}
 # Groups typed by group_config rather than by merging into JobConfig (their JobConfig field is
 # `Any`, so that a `_target_` node or another schema composes).
 OPEN_GROUPS = ("model", "data", "optim")
