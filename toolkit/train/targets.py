@@ -2,16 +2,17 @@
 that each imports and is the right kind of thing (one line each, before any rank starts),
 and the rank's construction of the callbacks.
 
-Both locate the target as Hydra's instantiate does (hydra.utils.get_object), so what the
-launcher accepts is what the rank builds. Imports no torch unless the job names an
+The launcher imports `module.attribute` as Hydra's instantiate will in the rank (without
+Hydra's own error printing), so what it accepts is what the rank builds. Imports no torch unless the job names an
 optimizer by import path (the launcher stays light)."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from typing import Any
 
-from hydra.utils import get_object, instantiate
+from hydra.utils import instantiate
 
 from toolkit.config.optim import OptimTargetConfig
 from toolkit.config.targets import TARGET
@@ -20,11 +21,12 @@ from toolkit.hooks import Hook
 
 def locate(path: str) -> tuple[Any, str | None]:
     """The object at `path`, or None and why not (the import error in a few words)."""
+    module, _, attribute = path.rpartition(".")
     try:
-        return get_object(path), None
+        return getattr(importlib.import_module(module), attribute), None
     except Exception as exc:  # noqa: BLE001 - any failure of a user's import is one line
-        cause = exc.__cause__ or exc
-        return None, f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"{type(exc).__name__}: {text}"
 
 
 def optimizer_problems(job: Any, world: int) -> list[str]:
