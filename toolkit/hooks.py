@@ -91,6 +91,11 @@ class Hook:
         training after this step (it must be the same on every rank)."""
         return None
 
+    def eval_metrics(self, trainer: TrainerView) -> dict[str, float]:
+        """At each evaluation, after the validation loss: metrics of this hook's own (name ->
+        value, the same on every rank), added to the eval event and summary.json."""
+        return {}
+
     def on_stop(self, trainer: TrainerView, stop: Stop) -> Stop | None:
         """Training stops (for any reason, hooks in order); may return an amended Stop
         (e.g. another exit status when the final save failed)."""

@@ -34,10 +34,18 @@ from toolkit.kernels.checks import kernel_problems
 from toolkit.nccl.checks import check_job as nccl_problems
 from toolkit.redact import redact
 from toolkit.tasks import task_problems
+from toolkit.train.targets import callback_problems, optimizer_problems
 
 # Checks that need the runtime's knowledge (task names, NCCL's variables, which kernels can
-# run where the ranks run), beside the config groups' own problems().
-RUNTIME_CHECKS: list[RuntimeCheck] = [task_problems, nccl_problems, kernel_problems]
+# run where the ranks run, whether your own optimizer and callbacks import), beside the
+# config groups' own problems().
+RUNTIME_CHECKS: list[RuntimeCheck] = [
+    task_problems,
+    nccl_problems,
+    kernel_problems,
+    optimizer_problems,
+    callback_problems,
+]
 
 USAGE = (
     "python -m toolkit.launch [-m] [-cd DIR] [--cfg job|hydra|all] [--help [GROUP]] [OVERRIDE ...]"

@@ -23,7 +23,13 @@ from toolkit.checkpoint.layout import CONFIG, checkpoints_dir
 from toolkit.checkpoint.loading import CheckpointMismatch
 from toolkit.checkpoint.manifest import CheckpointCorrupt, CheckpointTooNew
 from toolkit.checkpoint.resume import candidates, choose_together
-from toolkit.checkpoint.state import ConfigRecord, changes_meaning, config_diff, restore_rng
+from toolkit.checkpoint.state import (
+    ConfigRecord,
+    changes_meaning,
+    changes_schedule,
+    config_diff,
+    restore_rng,
+)
 from toolkit.checkpoint.storage import FaultyStorage, LocalStorage, Storage
 from toolkit.checkpoint.trust import UnsafeCheckpoint
 from toolkit.config.checkpoint import CheckpointConfig
@@ -193,8 +199,13 @@ class CheckpointHook(Hook):
                 "checkpoint.allow_config_change=true",
                 EXIT_RESUME_REFUSED,
             )
+        schedule = [d for d in diff if changes_schedule(d)]
         if diff and trainer.rank == 0:
             log.warning("config differs from the checkpoint's: %s", "; ".join(diff[:20]))
+        if schedule and trainer.rank == 0:
+            log.warning(
+                "the learning-rate schedule changes from this step: %s", "; ".join(schedule)
+            )
         state, rng = self.ckpt.load(path, trainer.model, trainer.optimizer)
         trainer.load_state_dict(state)
         if rng is not None:
@@ -219,8 +230,12 @@ class CheckpointHook(Hook):
                     "restart_count": restart_count(),
                     "saved_world_size": int(state["world_size"]),
                     "world_size": trainer.world_size,
-                    "config_changed": diff,
-                    "config_change_allowed": bool(meaning),
+                    "config_changed": diff,  # every change, each allowed (else refused)
+                    # checkpoint.allow_config_change, and the changes that needed it
+                    "config_change_allowed": self.cfg.allow_config_change,
+                    "changes_needing_permission": meaning,
+                    # in effect from this step: the schedule keeps only its position
+                    "schedule_changed": schedule,
                     "global_batch_size": trainer.state_dict()["global_batch_size"],
                 },
             )

@@ -80,6 +80,26 @@ def changes_meaning(diff_line: str) -> bool:
     return key in MEANING_KEYS or key.startswith(MEANING_GROUPS)
 
 
+# Keys the learning-rate schedule is computed from (toolkit.train.optim.lr_factor). On resume
+# the schedule keeps only its position (steps taken): a change of any of these takes effect
+# at the restored step, and the restart event lists it (`schedule_changed`). trainer.steps
+# may change without checkpoint.allow_config_change (extending a run), but it moves the end
+# of a decaying schedule.
+SCHEDULE_KEYS = (
+    "optim.lr",
+    "optim.schedule",
+    "optim.warmup_steps",
+    "optim.min_lr_ratio",
+    "optim.decay_fraction",
+    "trainer.steps",
+)
+
+
+def changes_schedule(diff_line: str) -> bool:
+    """Whether a `config_diff` line changes the learning rate of the steps to come."""
+    return diff_line.split(":", 1)[0] in SCHEDULE_KEYS
+
+
 def _b64(t: torch.Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode()
 

@@ -17,7 +17,7 @@ from toolkit.config.launch import LaunchConfig
 from toolkit.config.model import KINDS as MODEL_KINDS
 from toolkit.config.model import GPTConfig, TargetModelConfig, plugin_from_node
 from toolkit.config.nccl import NcclConfig
-from toolkit.config.optim import OptimConfig
+from toolkit.config.optim import OptimConfig, OptimTargetConfig
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
 from toolkit.config.telemetry import TelemetryConfig
@@ -69,7 +69,7 @@ GROUPS: dict[str, type] = {
 # Groups whose node may hold `_target_` (toolkit.config.targets): group -> the schema of such
 # a node (the toolkit's settings for it; every other key is a keyword argument). A group
 # listed here is typed by toolkit.config.compose.group_config.
-TARGET_SCHEMAS: dict[str, type] = {"model": TargetModelConfig}
+TARGET_SCHEMAS: dict[str, type] = {"model": TargetModelConfig, "optim": OptimTargetConfig}
 # group -> kind -> schema, for groups whose kinds have schemas of their own; a node of another
 # kind is typed by OTHER_KINDS[group] (a model registered through entry points).
 GROUP_KINDS: dict[str, dict[str, type]] = {"model": MODEL_KINDS}

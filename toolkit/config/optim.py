@@ -1,17 +1,33 @@
-"""Optimizer and learning-rate schedule."""
+"""Optimizer and learning-rate schedule.
+
+Two schemas: `OptimConfig` for the toolkit's AdamW variants (`optim=adamw|adamw8bit|
+adamw_lowmem`), and `OptimTargetConfig` for any torch.optim optimizer named by import path
+(`optim=sgd`, or your own file with `_target_: torch.optim.RAdam`; toolkit.config.targets).
+Both carry the same schedule settings. The peak learning rate is `optim.lr` in both: a field
+of OptimConfig, and for a `_target_` node the optimizer's own `lr` keyword (its default when
+the node leaves it out); the schedule multiplies it by toolkit.train.optim.lr_factor.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from toolkit.config.errors import below_minimum
+from toolkit.config.targets import TargetConfig, target_problems
+
+# constant: warm-up, then the peak lr. linear / cosine: warm-up, then down to lr *
+# min_lr_ratio at the last step. wsd (warm-up, stable, decay): warm-up, the peak lr, then a
+# linear decay to lr * min_lr_ratio over the last decay_fraction of trainer.steps.
+SCHEDULES = ("constant", "linear", "cosine", "wsd")
 
 
 @dataclass
 class OptimConfig:
     name: str = "adamw"
     lr: float = 3e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
+    min_lr_ratio: float = 0.1  # linear, cosine, wsd decay to lr * min_lr_ratio
     warmup_steps: int = 20
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -23,6 +39,8 @@ class OptimConfig:
     # steps ~5x faster than eager: true pays off for runs of hundreds of steps;
     # docs/kernels.md).
     compile_step: str = "auto"  # auto | true | false
+    schedule: str = "cosine"  # constant | linear | cosine | wsd (after the warm-up)
+    decay_fraction: float = 0.2  # wsd: the last fraction of trainer.steps that decays
 
     # adamw: torch.optim.AdamW, fp32 states. adamw8bit / adamw_lowmem: low-bit optimizer
     # states (toolkit.train.optim says which library and why; docs/kernels.md).
@@ -30,8 +48,34 @@ class OptimConfig:
     COMPILE_STEP = ("auto", "true", "false")
 
 
-def problems(o: OptimConfig) -> list[str]:
+@dataclass
+class OptimTargetConfig(TargetConfig):
+    """A torch.optim.Optimizer by import path; its keyword arguments (lr, momentum,
+    weight_decay, betas, ...) are the node's other keys. These fields are the toolkit's."""
+
+    schedule: str = "cosine"  # constant | linear | cosine | wsd (after the warm-up)
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1  # linear, cosine, wsd decay to lr * min_lr_ratio
+    decay_fraction: float = 0.2  # wsd: the last fraction of trainer.steps that decays
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    # Two parameter groups: 1-D parameters (norms, biases) without weight decay, the rest
+    # with the optimizer's weight_decay. false: one group, every parameter decayed alike.
+    no_decay_1d: bool = True
+
+    @property
+    def name(self) -> str:
+        """What the performance model and planner call the optimizer: its import path."""
+        return self.target
+
+
+def problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
     """Problems with the optimizer group, one line each."""
+    if isinstance(o, OptimTargetConfig):
+        p = target_problems("optim", o) + _lr_problems(o.kwargs)
+        p += below_minimum("optim", o, {"warmup_steps": 0})
+        if not o.grad_clip >= 0:  # also NaN
+            p.append(f"optim.grad_clip={o.grad_clip}: must be >= 0 (0 disables clipping)")
+        return p + schedule_problems(o)
     p = below_minimum("optim", o, {"warmup_steps": 0})
     if o.name not in OptimConfig.NAMES:
         p.append(f"optim.name={o.name}: unknown; allowed: {', '.join(OptimConfig.NAMES)}")
@@ -42,4 +86,26 @@ def problems(o: OptimConfig) -> list[str]:
         )
     if o.lr <= 0:
         p.append(f"optim.lr={o.lr}: must be > 0")
+    return p + schedule_problems(o)
+
+
+def schedule_problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
+    """The schedule settings both schemas share."""
+    p = []
+    if o.schedule not in SCHEDULES:
+        p.append(f"optim.schedule={o.schedule}: unknown; allowed: {', '.join(SCHEDULES)}")
+    if not 0 <= o.min_lr_ratio <= 1:
+        p.append(f"optim.min_lr_ratio={o.min_lr_ratio}: must be in [0, 1]")
+    if not 0 < o.decay_fraction <= 1:
+        p.append(f"optim.decay_fraction={o.decay_fraction}: must be in (0, 1]")
     return p
+
+
+def _lr_problems(kwargs: dict[str, Any]) -> list[str]:
+    """A `_target_` optimizer's `lr` keyword, when given, is a finite number > 0."""
+    if "lr" not in kwargs:
+        return []
+    lr = kwargs["lr"]
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
+        return [f"optim.lr={lr}: must be a finite number > 0 (the schedule's peak lr)"]
+    return []

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from toolkit.config.errors import below_minimum
+from toolkit.config.targets import IMPORT_PATH, TARGET
 
 
 @dataclass
@@ -22,6 +24,10 @@ class TrainerConfig:
     target_val_loss: float | None = None
     time_budget_s: float | None = None
     progress: bool = True  # rich progress bar on rank 0
+    # Your own hooks (toolkit.hooks.Hook), built in every rank and called after the
+    # toolkit's: [{_target_: mypkg.callbacks.MyCallback, arg: 1}], the other keys keyword
+    # arguments. A callback's eval_metrics() go into each eval event and summary.json.
+    callbacks: list[dict[str, Any]] = field(default_factory=list)
 
 
 def problems(t: TrainerConfig, world: int) -> list[str]:
@@ -38,4 +44,18 @@ def problems(t: TrainerConfig, world: int) -> list[str]:
             )
     else:
         p += below_minimum("trainer", t, {"micro_batch_size": 1})
+    return p + callback_problems(t.callbacks)
+
+
+def callback_problems(callbacks: list[dict[str, Any]]) -> list[str]:
+    """Each callback names its class (or factory) by import path in `_target_`."""
+    p = []
+    for i, node in enumerate(callbacks):
+        target = node.get(TARGET)  # a user's node: a missing _target_ is reported
+        if not isinstance(target, str) or not IMPORT_PATH.fullmatch(target):
+            p.append(
+                f"trainer.callbacks[{i}]._target_={target!r}: not an import path; each "
+                "callback is {_target_: module.Class, ...keyword arguments}, e.g. "
+                "{_target_: mypkg.callbacks.MyCallback}"
+            )
     return p

@@ -41,6 +41,7 @@ from toolkit.train.models.spec import ModelSpec
 from toolkit.train.optim import build_optimizer, build_scheduler
 from toolkit.train.pipeline import PipelineStep, build_pipeline
 from toolkit.train.steps import Accumulation
+from toolkit.train.targets import build_callbacks
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +82,12 @@ def heartbeat_of(sinks: list[Sink]) -> Heartbeat | None:
 
 
 def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
-    """Checkpointing and scheduler control (see build_checkpoint_hooks), then profiler
-    windows: last, so that a window opens after the other hooks' work of its step."""
+    """Checkpointing and scheduler control (see build_checkpoint_hooks), the user's
+    callbacks (trainer.callbacks), then profiler windows: last, so that a window opens after
+    the other hooks' work of its step."""
     hooks = build_checkpoint_hooks(job, env, run_dir, sink)
     hooks += build_node_hooks(job, env, run_dir, sink)
+    hooks += build_callbacks(job.trainer.callbacks)  # the user's own, after the toolkit's
     if profiling_configured(job.telemetry):
         hooks.append(ProfileHook(job.telemetry, run_dir, sink))
     return hooks

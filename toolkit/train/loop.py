@@ -267,6 +267,8 @@ class Trainer:
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         if self.eval_metric is not None and total[2] > 0:
             self.val_metrics["val_ic"] = float(total[1] / total[2])
+        for hook in self.hooks:  # e.g. a user's callback (trainer.callbacks)
+            self.val_metrics.update(hook.eval_metrics(self))
         batches = self.strategy.loss_ranks * self.cfg.eval_batches * plan.grad_accum
         return total[0].item() / batches
 
