@@ -34,6 +34,7 @@ from toolkit.kernels.checks import kernel_problems
 from toolkit.nccl.checks import check_job as nccl_problems
 from toolkit.redact import redact
 from toolkit.tasks import task_problems
+from toolkit.train.model_checks import model_problems
 from toolkit.train.targets import callback_problems, optimizer_problems
 
 # Checks that need the runtime's knowledge (task names, NCCL's variables, which kernels can
@@ -45,6 +46,7 @@ RUNTIME_CHECKS: list[RuntimeCheck] = [
     kernel_problems,
     optimizer_problems,
     callback_problems,
+    model_problems,
 ]
 
 USAGE = (

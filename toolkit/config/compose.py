@@ -78,9 +78,59 @@ def compose_raw(overrides: list[str], config_dirs: Sequence[str | os.PathLike] =
         raise ConfigError(str(exc)) from None
     try:
         with sources.hydra_search_path(dirs):
+            overrides = target_overrides(overrides)
             return compose(config_name="config", overrides=overrides, return_hydra_config=True)
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(explain(exc, overrides, config_dirs)) from None
+
+
+TARGET_OPTION = "target"  # conf/<group>/target.yaml: `_target_: ???`
+PLUGIN_OPTION = "plugin"  # conf/<group>/plugin.yaml: `kind: ???` (a registered kind)
+
+
+def target_overrides(overrides: list[str]) -> list[str]:
+    """Your own object from the command line alone: `model._target_=mypkg.LSTM` selects the
+    group's `target` option, and `model.kind=NAME` of no built-in kind its `plugin` option,
+    when no option of the group is chosen; the keys of such an open node (its keyword
+    arguments or a registered model's options) are set or added without Hydra's `+`."""
+    out = list(overrides)
+    keys = [item.lstrip("+~").partition("=")[0] for item in out]
+    values = [item.partition("=")[2] for item in out]
+    for group in set(TARGET_SCHEMAS) | set(GROUP_KINDS):
+        if group in keys:
+            continue
+        kind = next((v for k, v in zip(keys, values, strict=True) if k == f"{group}.kind"), None)
+        if f"{group}._target_" in keys and group in TARGET_SCHEMAS:
+            out.insert(0, f"{group}={TARGET_OPTION}")
+        elif kind is not None and kind not in GROUP_KINDS.get(group, {kind: None}):
+            out.insert(0, f"{group}={PLUGIN_OPTION}")
+        else:
+            continue
+        keys.insert(0, group)
+        values.insert(0, "")
+    dotted = {key.split(".")[0] for key in keys if "." in key} & set(OPEN_GROUPS)
+    if not dotted:
+        return out
+    # Which of those groups hold an open node: compose their selections alone.
+    pairs = list(zip(out, keys, strict=True))
+    selections = [item for item, key in pairs if "." not in key]
+    selections += [item for item, key in pairs if key.endswith(("._target_", ".kind"))]
+    base = compose(config_name="config", overrides=selections)
+    opened = {g for g in dotted if is_open_node(g, OmegaConf.to_container(base[g]))}
+    return [
+        f"++{item.lstrip('+')}"
+        if "." in key and key.split(".")[0] in opened and item[0] != "~"
+        else item
+        for item, key in pairs
+    ]
+
+
+def is_open_node(group: str, node: Any) -> bool:
+    """A node no schema closes: your own object's (`_target_`) or a registered kind's."""
+    if is_target_node(node):
+        return True
+    kinds = GROUP_KINDS.get(group)
+    return bool(kinds) and isinstance(node, dict) and str(node.get("kind")) not in kinds
 
 
 def override_problems(overrides: list[str]) -> list[str]:

@@ -62,6 +62,8 @@ def open_dataset(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Open
     )
     check_periods(periods, spec, f"{root / MANIFEST} ({m.num_times} time steps)")
     opened = Opened(reader, spec, periods, [m.features.index(f) for f in names])
+    if not num_series:  # a model of yours, not sized by the data: nothing to check here
+        return opened
     if num_series != opened.num_inputs:
         raise DataError(
             f"model.num_series={num_series}: {root} gives {opened.num_inputs} inputs per time "

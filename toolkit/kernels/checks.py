@@ -43,7 +43,7 @@ def liger_problem(installed: bool, triton_runs: bool, tp: int) -> str | None:
 def kernel_problems(job: Any, world: int) -> list[str]:
     """model.kernels=liger where it cannot run: not installed, CPU ranks without
     TRITON_INTERPRET=1, or tensor parallelism."""
-    if job.model.kernels != "liger":
+    if getattr(job.model, "kernels", "torch") != "liger":  # the built-in transformers only
         return []
     shape = mesh_shape(job.parallel, world)
     tp = 1 if isinstance(shape, str) else shape.tp  # a bad layout is parallel's to report

@@ -49,7 +49,11 @@ log = logging.getLogger(__name__)
 def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
     sinks: list[Sink] = [JsonlSink(run_dir / "metrics", env.rank)]
     if env.is_rank0:
-        sinks.append(ConsoleSink(job.trainer.steps, 0, job.trainer.log_every, job.trainer.progress))
+        unit = spec_for(job.model).unit
+        console = ConsoleSink(
+            job.trainer.steps, 0, job.trainer.log_every, job.trainer.progress, unit
+        )
+        sinks.append(console)
     # every rank: one collective
     sinks += build_telemetry_sinks(job.telemetry, env, run_dir, watchdog_spec(job, env))
     return sinks

@@ -13,8 +13,16 @@ log = logging.getLogger(__name__)
 class ConsoleSink:
     """Progress on rank 0: a rich progress bar on a terminal, plain log lines otherwise."""
 
-    def __init__(self, total_steps: int, start_step: int, log_every: int, progress: bool = True):
+    def __init__(
+        self,
+        total_steps: int,
+        start_step: int,
+        log_every: int,
+        progress: bool = True,
+        unit: str = "tokens",
+    ):
         self.total = total_steps
+        self.unit = unit  # the model's throughput unit: tokens | samples
         self.log_every = max(1, log_every)
         self._progress = None
         if progress and sys.stdout.isatty():
@@ -31,9 +39,7 @@ class ConsoleSink:
                 TextColumn("[bold]train"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn(
-                    "loss {task.fields[loss]}  {task.fields[tps]} tok/s  MFU {task.fields[mfu]}"
-                ),
+                TextColumn("loss {task.fields[loss]}  {task.fields[tps]}  MFU {task.fields[mfu]}"),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
@@ -43,20 +49,25 @@ class ConsoleSink:
             )
             self._progress.start()
 
+    def _throughput(self, r: StepRecord) -> str:
+        if self.unit == "tokens":
+            return f"{r.tokens_per_s:,.0f} tok/s"
+        return f"{r.samples_per_s:,.1f} samples/s"
+
     def write_step(self, r: StepRecord) -> None:
         if self._progress is not None:
             self._progress.update(
                 self._task,
                 completed=r.step,
                 loss=f"{r.loss:.4f}",
-                tps=f"{r.tokens_per_s:,.0f}",
+                tps=self._throughput(r),
                 mfu=f"{100 * r.mfu:.2f}%",
             )
         if r.step % self.log_every == 0 or r.step == self.total:
             remaining = (self.total - r.step) * r.step_time_s
             msg = (
                 f"step {r.step}/{self.total}  loss {r.loss:.4f}  grad_norm {r.grad_norm:.3f}  "
-                f"lr {r.lr:.2e}  {r.tokens_per_s:,.0f} tok/s  MFU {100 * r.mfu:.2f}%  "
+                f"lr {r.lr:.2e}  {self._throughput(r)}  MFU {100 * r.mfu:.2f}%  "
                 f"step {1000 * r.step_time_s:.0f} ms  ETA {remaining:.0f} s"
             )
             if self._progress is not None:

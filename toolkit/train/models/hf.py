@@ -17,7 +17,7 @@ from torch import nn
 
 from toolkit.config.model import HFModelConfig
 from toolkit.errors import UserError
-from toolkit.train.models.spec import Batch, ModelSpec
+from toolkit.train.models.spec import Batch, ModelSpec, reset_all
 
 
 def build(cfg: HFModelConfig) -> nn.Module:
@@ -44,9 +44,18 @@ def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def init(model: nn.Module) -> None:
-    """transformers' own initialisation (its `_init_weights` per module), seeded by the
-    caller: the same for every world size, and after meta init."""
-    model.init_weights() if hasattr(model, "init_weights") else None
+    """transformers' own initialisation, seeded by the caller: the same for every world
+    size, and after meta init. `PreTrainedModel._init_weights(module)` is the per-module
+    initialiser every model class defines (its weights, norms and the rotary buffers);
+    `init_weights()` would skip modules already marked initialised, which after `to_empty`
+    hold garbage. Without it (another transformers), each module's reset_parameters()."""
+    per_module = getattr(model, "_init_weights", None)
+    if not callable(per_module):
+        reset_all(model)
+        return
+    with torch.no_grad():
+        for module in model.modules():
+            per_module(module)
 
 
 SPEC = ModelSpec(name="hf_causal_lm", build=build, loss=loss, init=init, unit="tokens")
