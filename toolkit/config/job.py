@@ -18,6 +18,7 @@ from toolkit.config.optim import OptimConfig
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
 from toolkit.config.telemetry import TelemetryConfig
+from toolkit.config.tracking import TrackingConfig
 from toolkit.config.trainer import TrainerConfig
 
 
@@ -37,6 +38,7 @@ class JobConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     task: str = "train"  # what every rank runs: see toolkit.tasks.TASKS
     seed: int = 0
     run_dir: str | None = None  # filled in by the launcher from hydra.run.dir / hydra.sweep.dir
@@ -58,4 +60,5 @@ GROUPS: dict[str, type] = {
     "launch": LaunchConfig,
     "collectives": CollectivesConfig,
     "fault": FaultConfig,
+    "tracking": TrackingConfig,
 }

@@ -48,7 +48,19 @@ def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
         sinks.append(ConsoleSink(job.trainer.steps, 0, job.trainer.log_every, job.trainer.progress))
     # every rank: one collective
     sinks += build_telemetry_sinks(job.telemetry, env, run_dir, watchdog_spec(job, env))
+    sinks += tracking_sinks(job, env, run_dir)
     return sinks
+
+
+def tracking_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
+    """TensorBoard, MLflow, W&B on rank 0 (tracking=...; none by default): the job's
+    config, redacted by the tracking package, is their parameters."""
+    if not job.tracking.backends:
+        return []
+    from toolkit.config.compose import job_to_dict
+    from toolkit.tracking import build_tracking_sinks
+
+    return build_tracking_sinks(job.tracking, env.is_rank0, run_dir, job_to_dict(job))
 
 
 def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
@@ -313,13 +325,14 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
     """Train, close the sinks, and on rank 0 write summary.json and print the summary."""
     try:
         summary = trainer.fit()
+        summary["run_dir"] = str(run_dir)
+        if env.is_rank0:  # before the sinks close: the trackers upload it
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     finally:
         trainer.sink.close()
         if trainer.comm_timer is not None:
             trainer.comm_timer.uninstall()
-    summary["run_dir"] = str(run_dir)
     if env.is_rank0:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print_summary(summary)
     return summary
 
