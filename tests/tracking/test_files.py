@@ -25,8 +25,7 @@ def run_dir(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("tracked") / "run"
     command = cli(
         run_dir,
-        "tracking=[tensorboard,wandb]",
-        "telemetry=off",
+        "tracking=[tensorboard,wandb]",  # telemetry on: `toolkit compare` reads it
         "trainer.steps=6",
         "trainer.eval_every=3",
         "checkpoint=periodic",
@@ -75,3 +74,18 @@ def test_only_rank0_tracks_and_no_secret_reaches_a_tracker_file(run_dir):
     written = [p for p in (run_dir / "tracking").rglob("*") if p.is_file()]
     assert written
     assert [p for p in written if SECRET.encode() in p.read_bytes()] == []
+
+
+def test_runs_and_compare_point_at_the_trackers(run_dir, tmp_path):
+    from tests.cli.conftest import toolkit
+    from toolkit.telemetry.compare import compare
+
+    listed = toolkit(tmp_path, "runs", str(run_dir), "--json")
+    assert listed.returncode == 0, listed.stderr
+    (info,) = json.loads(listed.stdout)
+    logdir = str(run_dir / "tracking" / "tensorboard")
+    assert info["trackers"]["tensorboard"] == logdir
+    assert info["trackers"]["wandb"].startswith(
+        str(run_dir / "tracking" / "wandb" / "offline-run-")
+    )
+    assert compare(run_dir, run_dir)["trackers"]["b"]["tensorboard"] == logdir

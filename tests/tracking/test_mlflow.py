@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.checkpoint.conftest import launch, start  # noqa: F401, F811 - start is a fixture
+from tests.cli.conftest import toolkit
 from toolkit.events import read_steps
 
 pytestmark = pytest.mark.slow
@@ -60,6 +61,8 @@ def test_a_run_and_its_resumed_relaunch_are_one_mlflow_run(tmp_path, mlflow_serv
     again = launch(run_dir, *tracking, *periodic, "trainer.steps=6")
     assert again.returncode == 0, again.stderr[-3000:]
     assert tracked(run_dir)["run_id"] == run_id
+    listed = toolkit(tmp_path, "runs", str(run_dir), "--json")
+    assert json.loads(listed.stdout)[0]["trackers"]["mlflow"] == tracked(run_dir)["url"]
     experiment = client.get_experiment_by_name("tests")
     assert len(client.search_runs([experiment.experiment_id])) == 1
     assert sorted(history(client, run_id, "train/loss")) == [1, 2, 3, 4, 5, 6]

@@ -7,6 +7,6 @@ kills training. What each tracker's run is (id, URL, log dir) and how many recor
 dropped is written to RUN_DIR/tracking/trackers.json, which `toolkit runs` shows.
 """
 
-from toolkit.tracking.build import build_tracking_sinks, read_trackers
+from toolkit.tracking.build import build_tracking_sinks, read_trackers, tracker_links
 
-__all__ = ["build_tracking_sinks", "read_trackers"]
+__all__ = ["build_tracking_sinks", "read_trackers", "tracker_links"]

@@ -113,3 +113,21 @@ def read_trackers(run_dir: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except json.JSONDecodeError:
         return {}
+
+
+def tracker_links(run_dir: Path) -> dict[str, str]:
+    """Where each tracker of a run shows it: the run's URL (MLflow on a server, W&B online),
+    else its id and store, else its files; {} when the run used none."""
+    links = {}
+    for name, record in read_trackers(run_dir).items():
+        if record.get("url"):
+            links[name] = record["url"]
+        elif name == "mlflow" and record.get("run_id"):
+            links[name] = f"run {record['run_id']} at {record['tracking_uri']}"
+        elif record.get("logdir") or record.get("dir"):
+            links[name] = record.get("logdir") or record["dir"]
+        else:
+            links[name] = f"not started ({record.get('error')})"
+        if record.get("dropped"):
+            links[name] += f" ({record['dropped']} record(s) dropped)"
+    return links
