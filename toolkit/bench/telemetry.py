@@ -50,23 +50,26 @@ def run_training(run_dir: Path, steps: int, extra: list[str]) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def overhead(reps: int, steps: int) -> dict:
-    medians: dict[str, list[float]] = {k: [] for k in VARIANTS}
+def overhead(reps: int, steps: int, variants: dict[str, list[str]] = VARIANTS) -> dict:
+    """Interleaved runs of each variant (the first is the baseline), order reversed every
+    other repetition; medians of the per-run median step times, ratios to the baseline."""
+    baseline = next(iter(variants))
+    medians: dict[str, list[float]] = {k: [] for k in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(reps):
-            order = list(VARIANTS) if rep % 2 == 0 else list(reversed(VARIANTS))
+            order = list(variants) if rep % 2 == 0 else list(reversed(variants))
             for name in order:
-                summary = run_training(Path(tmp) / f"{name}-{rep}", steps, VARIANTS[name])
+                summary = run_training(Path(tmp) / f"{name}-{rep}", steps, variants[name])
                 medians[name].append(summary["median_step_time_s"])
                 print(
                     f"rep {rep} {name:8s} median step {1000 * medians[name][-1]:.2f} ms", flush=True
                 )
-    out = {"reps": reps, "steps": steps, "median_step_s": {}, "ratio_vs_off": {}}
+    out = {"reps": reps, "steps": steps, "median_step_s": {}, f"ratio_vs_{baseline}": {}}
     for name, values in medians.items():
         out["median_step_s"][name] = statistics.median(values)
-        if name != "off":
-            ratios = [v / o for v, o in zip(values, medians["off"], strict=True)]
-            out["ratio_vs_off"][name] = {"median": statistics.median(ratios), "all": ratios}
+        if name != baseline:
+            ratios = [v / o for v, o in zip(values, medians[baseline], strict=True)]
+            out[f"ratio_vs_{baseline}"][name] = {"median": statistics.median(ratios), "all": ratios}
     out["per_run_s"] = medians
     return out
 

@@ -25,7 +25,9 @@ class TrackingConfig:
     wandb: bool = False  # a W&B run (offline by default: files under RUN_DIR/tracking/wandb)
     experiment: str = "toolkit"  # MLflow experiment; W&B project unless wandb_project is set
     run_name: str | None = None  # the tracker's run name (default: the run dir's name)
-    mlflow_tracking_uri: str | None = None  # else MLFLOW_TRACKING_URI, else RUN_DIR/tracking/mlruns
+    mlflow_tracking_uri: str | None = (
+        None  # else MLFLOW_TRACKING_URI, else RUN_DIR/tracking/mlflow.db
+    )
     mlflow_request_timeout_s: float = 10.0  # per HTTP request to the server
     mlflow_request_retries: int = 1  # MLflow's own retries per request (each with backoff)
     wandb_mode: str = "offline"  # offline | online | disabled; online needs WANDB_API_KEY

@@ -19,7 +19,7 @@ import numpy as np
 
 from toolkit.telemetry.read import load_run
 from toolkit.telemetry.report.analysis import collect_steps
-from toolkit.tracking.build import tracker_links
+from toolkit.tracking.build import flatten, tracker_links
 
 NOISE_SIGMAS = 3.0
 METRICS = (
@@ -88,15 +88,6 @@ def compare_metrics(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[
     return rows
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): tree}
-
-
 def config_differences(run_a: Path, run_b: Path) -> list[tuple[str, Any, Any]]:
     from omegaconf import OmegaConf
 
@@ -104,7 +95,7 @@ def config_differences(run_a: Path, run_b: Path) -> list[tuple[str, Any, Any]]:
         path = Path(run) / "config.yaml"
         if not path.is_file():
             return {}
-        return _flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+        return flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
 
     a, b = load(run_a), load(run_b)
     keys = sorted(set(a) | set(b))

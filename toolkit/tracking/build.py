@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.config.tracking import TrackingConfig
-from toolkit.events import Event, Sink, StepRecord
+from toolkit.events import Fanout, Sink
 from toolkit.redact import redact, redact_text
 from toolkit.tracking.base import Params, Tracker, TrackerSink
 
@@ -32,24 +32,17 @@ def build_tracker(name: str, cfg: TrackingConfig, run_dir: Path) -> Tracker:
     return WandbTracker(cfg, run_dir)
 
 
-class Trackers:
-    """A `Sink` over every tracker of the run; close() writes trackers.json."""
+class Trackers(Fanout):
+    """Every tracker of the run as one sink; close() also writes trackers.json."""
 
     def __init__(self, sinks: list[TrackerSink], run_dir: Path):
-        self.sinks = sinks
+        super().__init__(sinks)
+        self.trackers = sinks
         self.run_dir = run_dir
-
-    def write_step(self, record: StepRecord) -> None:
-        for s in self.sinks:
-            s.write_step(record)
-
-    def write_event(self, event: Event) -> None:
-        for s in self.sinks:
-            s.write_event(event)
 
     def close(self) -> None:
         # Stop them all first, then wait: the close timeouts run side by side.
-        records = {s.tracker.name: s.close() for s in self.sinks}
+        records = {s.tracker.name: s.close() for s in self.trackers}
         path = self.run_dir / TRACKERS_FILE
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         path.write_text(json.dumps(redact(records), indent=2))
@@ -96,6 +89,7 @@ def launch_overrides(run_dir: Path) -> list[str]:
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {"a.b.c": leaf}."""
     if isinstance(tree, dict):
         out: dict[str, Any] = {}
         for k, v in tree.items():

@@ -1,0 +1,89 @@
+"""Experiment-tracker overhead (a script, not a timed test); figures go to docs/BENCHMARKS.md.
+
+python -m toolkit.bench.tracking overhead [--reps 3 --steps 60]
+    step time of real local runs (model=gpt_tiny, 2 ranks, CPU) with tracking=none (the
+    baseline) and with all three trackers on (TensorBoard, MLflow to the run dir's SQLite
+    store, W&B offline), interleaved per repetition; medians and per-repetition ratios.
+python -m toolkit.bench.tracking costs [--records 2000]
+    what one write_step costs the training thread per tracker (median and p99, in
+    microseconds), with the tracker's worker running: the bound on the overhead per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from toolkit.bench.telemetry import overhead
+
+# The baseline first: the other variant's ratios are to it.
+VARIANTS = {
+    "none": ["telemetry=off", "tracking=none"],
+    "all": ["telemetry=off", "tracking=[tensorboard,mlflow,wandb]"],
+}
+
+
+def costs(records: int) -> dict:
+    from toolkit.config.tracking import TrackingConfig
+    from toolkit.events import StepRecord
+    from toolkit.tracking.base import Params, TrackerSink
+    from toolkit.tracking.build import build_tracker
+
+    out: dict = {"records": records}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("tensorboard", "mlflow", "wandb"):
+            run_dir = Path(tmp) / name
+            cfg = TrackingConfig(**{name: True}, queue_size=records + 1)
+            params = Params({"model.name": "bench"}, ["tracking=" + name], name)
+            sink = TrackerSink(build_tracker(name, cfg, run_dir), params, records + 1, 200, 120.0)
+            per_call = []
+            for step in range(1, records + 1):
+                record = StepRecord(
+                    step, time.time(), 0.1, 1e-3, 0.08, 0.019, 2.5, 1.0, 3e-4, 65536, 6.5e5, 0.4, 0
+                )
+                t0 = time.perf_counter()
+                sink.write_step(record)
+                per_call.append(time.perf_counter() - t0)
+                if step % 10 == 0:
+                    time.sleep(0.001)  # steps take time: let the worker run between them
+            t0 = time.perf_counter()
+            result = sink.close()
+            per_call.sort()
+            out[name] = {
+                "write_step_median_us": 1e6 * statistics.median(per_call),
+                "write_step_p99_us": 1e6 * per_call[int(0.99 * len(per_call))],
+                "close_s": time.perf_counter() - t0,
+                "dropped": result["dropped"],
+                "error": result["error"],
+            }
+            print(name, out[name], flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.bench.tracking")
+    sub = parser.add_subparsers(dest="what", required=True)
+    o = sub.add_parser("overhead")
+    o.add_argument("--reps", type=int, default=3)
+    o.add_argument("--steps", type=int, default=60)
+    c = sub.add_parser("costs")
+    c.add_argument("--records", type=int, default=2000)
+    for p in (o, c):
+        p.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.what == "overhead":
+        result = overhead(args.reps, args.steps, VARIANTS)
+    else:
+        result = costs(args.records)
+    from toolkit.bench.results import print_json
+
+    print_json(result, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
