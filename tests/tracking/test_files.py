@@ -89,3 +89,22 @@ def test_runs_and_compare_point_at_the_trackers(run_dir, tmp_path):
         str(run_dir / "tracking" / "wandb" / "offline-run-")
     )
     assert compare(run_dir, run_dir)["trackers"]["b"]["tensorboard"] == logdir
+
+
+def test_node_telemetry_series_reach_the_tracker(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from toolkit.telemetry.read import load_node, node_files
+
+    (path,) = node_files(run_dir)
+    node = load_node(path, events=False)
+    try:
+        cpu = [float(v) for v in node.host["cpu_pct"]]
+        tag = f"node/{node.node}/cpu_pct"
+    finally:
+        node.close()
+    events = EventAccumulator(str(run_dir / "tracking" / "tensorboard")).Reload()
+    assert cpu and [e.value for e in events.Scalars(tag)] == pytest.approx(cpu, rel=1e-6)
+    wandb_run = json.loads((run_dir / "tracking" / "trackers.json").read_text())["wandb"]
+    (run_file,) = Path(wandb_run["dir"]).glob("run-*.wandb")
+    assert [row[tag] for row in wandb_history(run_file) if tag in row] == pytest.approx(cpu)

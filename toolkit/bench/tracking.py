@@ -1,9 +1,11 @@
 """Experiment-tracker overhead (a script, not a timed test); figures go to docs/BENCHMARKS.md.
 
-python -m toolkit.bench.tracking overhead [--reps 3 --steps 60]
+python -m toolkit.bench.tracking overhead [--reps 3 --steps 200]
     step time of real local runs (model=gpt_tiny, 2 ranks, CPU) with tracking=none (the
     baseline) and with all three trackers on (TensorBoard, MLflow to the run dir's SQLite
-    store, W&B offline), interleaved per repetition; medians and per-repetition ratios.
+    store, W&B offline), interleaved per repetition; per run the median step time of the
+    second half (the trackers' start overlaps the first steps; the whole run's median is
+    printed too), medians and per-repetition ratios.
 python -m toolkit.bench.tracking costs [--records 2000]
     what one write_step costs the training thread per tracker (median and p99, in
     microseconds), with the tracker's worker running: the bound on the overhead per step.
@@ -19,12 +21,20 @@ import time
 from pathlib import Path
 
 from toolkit.bench.telemetry import overhead
+from toolkit.events import read_steps
 
 # The baseline first: the other variant's ratios are to it.
 VARIANTS = {
     "none": ["telemetry=off", "tracking=none"],
     "all": ["telemetry=off", "tracking=[tensorboard,mlflow,wandb]"],
 }
+
+
+def steady_median(run_dir: Path, summary: dict) -> float:
+    """Median step time of the second half of the run: after the trackers have started
+    (imports, MLflow's database, W&B's service), which overlaps the first steps."""
+    steps = read_steps(run_dir / "metrics" / "rank0.jsonl")
+    return statistics.median(s["step_time_s"] for s in steps[len(steps) // 2 :])
 
 
 def costs(records: int) -> dict:
@@ -39,7 +49,8 @@ def costs(records: int) -> dict:
             run_dir = Path(tmp) / name
             cfg = TrackingConfig(**{name: True}, queue_size=records + 1)
             params = Params({"model.name": "bench"}, ["tracking=" + name], name)
-            sink = TrackerSink(build_tracker(name, cfg, run_dir), params, records + 1, 200, 120.0)
+            tracker = build_tracker(name, cfg, run_dir)
+            sink = TrackerSink(tracker, params, records + 1, 200, 120.0, cfg.flush_interval_s)
             per_call = []
             for step in range(1, records + 1):
                 record = StepRecord(
@@ -69,14 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     o = sub.add_parser("overhead")
     o.add_argument("--reps", type=int, default=3)
-    o.add_argument("--steps", type=int, default=60)
+    o.add_argument("--steps", type=int, default=200)
     c = sub.add_parser("costs")
     c.add_argument("--records", type=int, default=2000)
     for p in (o, c):
         p.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.what == "overhead":
-        result = overhead(args.reps, args.steps, VARIANTS)
+        whole: dict[str, float] = {}  # run dir -> the summary's median, of the same runs
+
+        def measure(run_dir: Path, summary: dict) -> float:
+            whole[run_dir.name] = summary["median_step_time_s"]
+            return steady_median(run_dir, summary)
+
+        result = overhead(args.reps, args.steps, VARIANTS, measure)
+        result["whole_run_median_step_s"] = whole
     else:
         result = costs(args.records)
     from toolkit.bench.results import print_json

@@ -33,8 +33,12 @@ class TrackingConfig:
     wandb_mode: str = "offline"  # offline | online | disabled; online needs WANDB_API_KEY
     wandb_project: str | None = None
     wandb_entity: str | None = None
+    # At the end, from the node telemetry files: host CPU and memory, GPU utilisation,
+    # memory and power per node (needs telemetry on).
+    node_series: bool = True
     queue_size: int = 10000  # records buffered per tracker; beyond, dropped and counted
     batch_size: int = 200  # records the worker sends in one request at most
+    flush_interval_s: float = 1.0  # the worker collects records this long per request
     close_timeout_s: float = 30.0  # how long the end of the run waits for each tracker
 
     @property
@@ -47,6 +51,8 @@ def problems(cfg: TrackingConfig) -> list[str]:
     p = not_one_of("tracking", cfg, {"wandb_mode": WANDB_MODES})
     p += below_minimum("tracking", cfg, {"queue_size": 1, "batch_size": 1})
     p += below_minimum("tracking", cfg, {"mlflow_request_retries": 0, "close_timeout_s": 0})
+    if not 0 <= cfg.flush_interval_s <= 60:
+        p.append(f"tracking.flush_interval_s={cfg.flush_interval_s}: must be in [0, 60] seconds")
     if cfg.mlflow_request_timeout_s <= 0:
         p.append(f"tracking.mlflow_request_timeout_s={cfg.mlflow_request_timeout_s}: must be > 0")
     if cfg.mlflow_tracking_uri and _URL_PASSWORD.match(cfg.mlflow_tracking_uri):

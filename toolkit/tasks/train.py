@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +55,17 @@ def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
 
 def tracking_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
     """TensorBoard, MLflow, W&B on rank 0 (tracking=...; none by default): the job's
-    config, redacted by the tracking package, is their parameters."""
+    config, redacted by the tracking package, is their parameters; at the end they get a
+    few node telemetry series."""
     if not job.tracking.backends:
         return []
     from toolkit.config.compose import job_to_dict
+    from toolkit.telemetry.series import node_series
     from toolkit.tracking import build_tracking_sinks
 
-    return build_tracking_sinks(job.tracking, env.is_rank0, run_dir, job_to_dict(job))
+    since = time.time()  # this attempt's samples only: a resumed run sent the earlier ones
+    series = functools.partial(node_series, run_dir, since) if job.telemetry.enabled else None
+    return build_tracking_sinks(job.tracking, env.is_rank0, run_dir, job_to_dict(job), series)
 
 
 def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:

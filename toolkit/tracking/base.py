@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,6 +35,8 @@ class Params:
     overrides: list[str]
     run_name: str
     artifacts: list[Path] = field(default_factory=list)
+    # At the end: node telemetry series, name -> [(time.time(), value)] (None: not sent).
+    node_series: Callable[[], dict[str, list[tuple[float, float]]]] | None = None
 
 
 class Tracker(Protocol):
@@ -44,6 +47,8 @@ class Tracker(Protocol):
     def open(self, params: Params) -> None: ...
 
     def log(self, items: list[StepRecord | Event]) -> None: ...
+
+    def log_series(self, series: dict[str, list[tuple[float, float]]]) -> None: ...
 
     def finish(self, artifacts: list[Path]) -> None: ...
 
@@ -85,11 +90,13 @@ class TrackerSink:
         queue_size: int,
         batch_size: int,
         close_timeout_s: float,
+        flush_interval_s: float = 0.0,
     ):
         self.tracker = tracker
         self.params = params
         self.batch_size = batch_size
         self.close_timeout_s = close_timeout_s
+        self.flush_interval_s = flush_interval_s
         self.dropped = 0  # records not delivered: queue full, tracker down or erroring
         self.error: str | None = None  # the first failure, as one line
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
@@ -173,6 +180,11 @@ class TrackerSink:
                 self._send(batch)
             if stop:
                 break
+        if self._opened and self.params.node_series is not None:
+            try:
+                self.tracker.log_series(self.params.node_series())
+            except Exception as exc:  # noqa: BLE001
+                self._fail(f"could not log node series: {_one_line(exc)}")
         if self._opened:
             try:
                 self.tracker.finish([p for p in self.params.artifacts if p.exists()])
@@ -180,13 +192,16 @@ class TrackerSink:
                 self._fail(f"could not finish: {_one_line(exc)}")
 
     def _next_batch(self) -> tuple[list[StepRecord | Event], bool]:
+        """What arrived within flush_interval_s of the first record (at most batch_size):
+        one request per interval, not one per step."""
         first = self._queue.get()
         if first is _STOP:
             return [], True
         batch = [first]
+        deadline = time.monotonic() + self.flush_interval_s
         while len(batch) < self.batch_size:
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 break
             if item is _STOP:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,15 @@ class Trackers(Fanout):
 
 
 def build_tracking_sinks(
-    cfg: TrackingConfig, is_rank0: bool, run_dir: Path, config: dict[str, Any]
+    cfg: TrackingConfig,
+    is_rank0: bool,
+    run_dir: Path,
+    config: dict[str, Any],
+    node_series: Callable[[], dict[str, list[tuple[float, float]]]] | None = None,
 ) -> list[Sink]:
     """Rank 0's trackers (none on the other ranks, none when tracking=none). `config` is the
-    job as a nested dict: it is redacted here, flattened, and logged as parameters."""
+    job as a nested dict: it is redacted here, flattened, and logged as parameters;
+    `node_series`, called at the end, gives the node telemetry series to send."""
     if not is_rank0 or not cfg.backends:
         return []
     params = Params(
@@ -64,6 +70,7 @@ def build_tracking_sinks(
             run_dir / "metrics" / "events-rank0.jsonl",
             run_dir / "telemetry" / "report" / "report.html",
         ],
+        node_series=node_series if cfg.node_series else None,
     )
     sinks = [
         TrackerSink(
@@ -72,6 +79,7 @@ def build_tracking_sinks(
             cfg.queue_size,
             cfg.batch_size,
             cfg.close_timeout_s,
+            cfg.flush_interval_s,
         )
         for name in cfg.backends
     ]

@@ -90,6 +90,17 @@ class MlflowTracker:
         for i in range(0, len(metrics), 1000):  # MLflow's limit per log_batch
             self._client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
+    def log_series(self, series: dict[str, list[tuple[float, float]]]) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [  # step: seconds since the series' first sample
+            Metric(name, v, int(t * 1000), int(t - points[0][0]))
+            for name, points in series.items()
+            for t, v in points
+        ]
+        for i in range(0, len(metrics), 1000):
+            self._client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
+
     def finish(self, artifacts: list[Path]) -> None:
         for path in artifacts:
             self._client.log_artifact(self.run_id, str(path))

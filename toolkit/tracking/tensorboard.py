@@ -41,6 +41,11 @@ class TensorBoardTracker:
                 self._writer.add_scalar(tag, value, item.step, walltime=_walltime(item))
         self._writer.flush()
 
+    def log_series(self, series: dict[str, list[tuple[float, float]]]) -> None:
+        for tag, points in series.items():  # step: seconds since the series' first sample
+            for t, value in points:
+                self._writer.add_scalar(tag, value, int(t - points[0][0]), walltime=t)
+
     def finish(self, artifacts: list[Path]) -> None:
         for path in artifacts:
             if path.suffix == ".json":

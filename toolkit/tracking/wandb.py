@@ -53,6 +53,17 @@ class WandbTracker:
             values = scalars(item) if isinstance(item, StepRecord) else event_scalars(item)
             self._run.log(values, step=item.step)
 
+    def log_series(self, series: dict[str, list[tuple[float, float]]]) -> None:
+        # Against their own axis (seconds since the first sample), not the training step.
+        if not series:
+            return
+        self._run.define_metric("node/time_s")
+        self._run.define_metric("node/*", step_metric="node/time_s")
+        start = min(points[0][0] for points in series.values() if points)
+        for name, points in series.items():
+            for t, value in points:
+                self._run.log({name: value, "node/time_s": t - start})
+
     def finish(self, artifacts: list[Path]) -> None:
         for path in artifacts:  # files in the run's files/ dir are synced with it
             shutil.copy2(path, Path(self._run.dir) / path.name)
