@@ -103,6 +103,7 @@ class TrackerSink:
         self._lock = threading.Lock()
         self._opened = False
         self._closed = False
+        self._deadline: float | None = None  # monotonic time close() waits until
         self._thread = threading.Thread(
             target=self._run, name=f"tracker-{tracker.name}", daemon=True
         )
@@ -121,19 +122,27 @@ class TrackerSink:
         except queue.Full:
             self._count_dropped(1)
 
+    def request_stop(self) -> None:
+        """Tell the worker to finish what is queued and end (returns at once unless the queue
+        is full); close() then waits. Several sinks' close timeouts can so run side by side."""
+        if self._deadline is not None:
+            return
+        self._deadline = time.monotonic() + self.close_timeout_s
+        while True:  # the sentinel must get in, even behind a full queue
+            try:
+                self._queue.put(_STOP, timeout=0.1)
+                return
+            except queue.Full:
+                if time.monotonic() > self._deadline:
+                    return
+
     def close(self) -> dict[str, Any]:
-        """Stop the worker (after what is queued, within close_timeout_s) and say once what
-        was dropped. Returns the tracker's record for trackers.json."""
+        """Stop the worker (after what is queued, within close_timeout_s of the stop request)
+        and say once what was dropped. Returns the tracker's record for trackers.json."""
         if not self._closed:
             self._closed = True
-            deadline = time.monotonic() + self.close_timeout_s
-            while True:  # the sentinel must get in, even behind a full queue
-                try:
-                    self._queue.put(_STOP, timeout=0.1)
-                    break
-                except queue.Full:
-                    if time.monotonic() > deadline:
-                        break
+            self.request_stop()
+            deadline = self._deadline or time.monotonic()
             self._thread.join(max(0.0, deadline - time.monotonic()))
             if self._thread.is_alive():
                 self._fail(f"did not finish within {self.close_timeout_s:g} s")
@@ -146,6 +155,11 @@ class TrackerSink:
                     f" ({self.error})" if self.error else "",
                 )
         return self.record()
+
+    @property
+    def opened(self) -> bool:
+        """The worker has started its tracker."""
+        return self._opened
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"dropped": self.dropped, "error": self.error}

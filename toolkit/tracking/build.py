@@ -42,7 +42,8 @@ class Trackers(Fanout):
         self.run_dir = run_dir
 
     def close(self) -> None:
-        # Stop them all first, then wait: the close timeouts run side by side.
+        for s in self.trackers:  # stop them all first, then wait: the timeouts run side by side
+            s.request_stop()
         records = {s.tracker.name: s.close() for s in self.trackers}
         path = self.run_dir / TRACKERS_FILE
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
