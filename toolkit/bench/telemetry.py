@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,23 +51,37 @@ def run_training(run_dir: Path, steps: int, extra: list[str]) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def overhead(reps: int, steps: int) -> dict:
-    medians: dict[str, list[float]] = {k: [] for k in VARIANTS}
+def summary_median(run_dir: Path, summary: dict) -> float:
+    return summary["median_step_time_s"]
+
+
+def overhead(
+    reps: int,
+    steps: int,
+    variants: dict[str, list[str]] = VARIANTS,
+    measure: Callable[[Path, dict], float] = summary_median,
+) -> dict:
+    """Interleaved runs of each variant (the first is the baseline), order reversed every
+    other repetition; medians of the per-run step times (`measure`: by default the
+    summary's median step time), ratios to the baseline."""
+    baseline = next(iter(variants))
+    medians: dict[str, list[float]] = {k: [] for k in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(reps):
-            order = list(VARIANTS) if rep % 2 == 0 else list(reversed(VARIANTS))
+            order = list(variants) if rep % 2 == 0 else list(reversed(variants))
             for name in order:
-                summary = run_training(Path(tmp) / f"{name}-{rep}", steps, VARIANTS[name])
-                medians[name].append(summary["median_step_time_s"])
+                run_dir = Path(tmp) / f"{name}-{rep}"
+                summary = run_training(run_dir, steps, variants[name])
+                medians[name].append(measure(run_dir, summary))
                 print(
                     f"rep {rep} {name:8s} median step {1000 * medians[name][-1]:.2f} ms", flush=True
                 )
-    out = {"reps": reps, "steps": steps, "median_step_s": {}, "ratio_vs_off": {}}
+    out = {"reps": reps, "steps": steps, "median_step_s": {}, f"ratio_vs_{baseline}": {}}
     for name, values in medians.items():
         out["median_step_s"][name] = statistics.median(values)
-        if name != "off":
-            ratios = [v / o for v, o in zip(values, medians["off"], strict=True)]
-            out["ratio_vs_off"][name] = {"median": statistics.median(ratios), "all": ratios}
+        if name != baseline:
+            ratios = [v / o for v, o in zip(values, medians[baseline], strict=True)]
+            out[f"ratio_vs_{baseline}"][name] = {"median": statistics.median(ratios), "all": ratios}
     out["per_run_s"] = medians
     return out
 

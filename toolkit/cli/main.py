@@ -23,6 +23,10 @@ BENCHES = {
     "overhead": ("toolkit.bench.overhead", "toolkit step vs a bare FSDP2 loop"),
     "checkpoint": ("toolkit.bench.checkpoint.__main__", "checkpoint save/load costs"),
     "telemetry": ("toolkit.bench.telemetry", "telemetry overhead"),
+    "tracking": (
+        "toolkit.bench.tracking",
+        "experiment trackers: step time on/off, cost per record",
+    ),
     "launch-latency": ("toolkit.bench.launch_latency", "time from launch to the first step"),
     "gpu": ("toolkit.bench.gpu", "GPU validation: matmul, bandwidth, NCCL"),
 }

@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from toolkit.errors import EXIT_PREEMPTED
+from toolkit.tracking.build import tracker_links
 
 STATES = ("running", "completed", "failed", "preempted", "requeued", "unknown")
 
@@ -39,6 +40,7 @@ class RunInfo:
     # defaults set anyway are left out.
     overrides: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # what -> path
+    trackers: dict[str, str] = field(default_factory=dict)  # tracker -> its run's URL or files
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -136,6 +138,7 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
         info.stop_reason = summary.get("stop_reason")
         info.exit_code = summary.get("exit_code")
     info.files = written_files(run_dir)
+    info.trackers = tracker_links(run_dir)
     return info
 
 
@@ -190,6 +193,7 @@ def written_files(run_dir: Path) -> dict[str, str]:
         "checkpoints": "checkpoints",
         "telemetry": "telemetry",
         "slurm": "slurm",
+        "tracking": "tracking",
     }
     return {
         what: str(run_dir / rel) for what, rel in candidates.items() if (run_dir / rel).exists()

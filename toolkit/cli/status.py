@@ -46,6 +46,9 @@ def format_status(info: RunInfo) -> str:
         lines.append(f"stopped     {info.stop_reason} (exit {info.exit_code})")
     lines.append("files")
     lines += [f"  {what:<12}{path}" for what, path in info.files.items()]
+    if info.trackers:
+        lines.append("trackers")
+        lines += [f"  {name:<12}{link}" for name, link in info.trackers.items()]
     return "\n".join(lines)
 
 
@@ -72,6 +75,7 @@ def format_runs(infos: list[RunInfo]) -> str:
             f"{i.state:<10} {steps:>11} {_num(i.loss, '.4f'):>8} {_num(i.tokens_per_s, ',.0f'):>10}"
             f"  {i.run_dir:<40} {' '.join(i.overrides)}"
         )
+        rows += [f"{'':>44}{name}: {link}" for name, link in i.trackers.items()]
     return "\n".join(rows)
 
 

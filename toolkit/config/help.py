@@ -57,6 +57,8 @@ def default_choices(dirs: Sequence[ConfigDir]) -> dict[str, str | None]:
     for item in OmegaConf.to_container(OmegaConf.load(path))["defaults"]:
         if isinstance(item, dict):
             for key, value in item.items():
+                if isinstance(value, list):  # a list of options (tracking: [none]): the first
+                    value = value[0] if value else None
                 choices[key.removeprefix("optional ").strip()] = value
     return choices
 

@@ -21,6 +21,7 @@ from toolkit.config.optim import OptimConfig, OptimTargetConfig
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
 from toolkit.config.telemetry import TelemetryConfig
+from toolkit.config.tracking import TrackingConfig
 from toolkit.config.trainer import TrainerConfig
 
 
@@ -42,6 +43,7 @@ class JobConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     task: str = "train"  # what every rank runs: see toolkit.tasks.TASKS
     seed: int = 0
     run_dir: str | None = None  # filled in by the launcher from hydra.run.dir / hydra.sweep.dir
@@ -63,6 +65,7 @@ GROUPS: dict[str, type] = {
     "launch": LaunchConfig,
     "collectives": CollectivesConfig,
     "fault": FaultConfig,
+    "tracking": TrackingConfig,
 }
 
 

@@ -25,6 +25,7 @@ from toolkit.config import (
     parallel,
     precision,
     telemetry,
+    tracking,
     trainer,
 )
 from toolkit.config.errors import ConfigError
@@ -46,6 +47,7 @@ def problems(job: JobConfig, runtime_checks: Sequence[RuntimeCheck] = ()) -> lis
     found += checkpoint.problems(job.checkpoint)
     found += telemetry.problems(job.telemetry)
     found += fault.problems(job.fault)
+    found += tracking.problems(job.tracking)
     found += hardware.problems(job.hardware)
     found += launch.problems(job.launch)
     found += nccl.problems(job.nccl, job.cluster.nodes)

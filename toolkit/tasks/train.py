@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,23 @@ def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
         sinks.append(console)
     # every rank: one collective
     sinks += build_telemetry_sinks(job.telemetry, env, run_dir, watchdog_spec(job, env))
+    sinks += tracking_sinks(job, env, run_dir)
     return sinks
+
+
+def tracking_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
+    """TensorBoard, MLflow, W&B on rank 0 (tracking=...; none by default): the job's
+    config, redacted by the tracking package, is their parameters; at the end they get a
+    few node telemetry series."""
+    if not job.tracking.backends:
+        return []
+    from toolkit.config.compose import job_to_dict
+    from toolkit.telemetry.series import node_series
+    from toolkit.tracking import build_tracking_sinks
+
+    since = time.time()  # this attempt's samples only: a resumed run sent the earlier ones
+    series = functools.partial(node_series, run_dir, since) if job.telemetry.enabled else None
+    return build_tracking_sinks(job.tracking, env.is_rank0, run_dir, job_to_dict(job), series)
 
 
 def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
@@ -337,13 +354,14 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
     """Train, close the sinks, and on rank 0 write summary.json and print the summary."""
     try:
         summary = trainer.fit()
+        summary["run_dir"] = str(run_dir)
+        if env.is_rank0:  # before the sinks close: the trackers upload it
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     finally:
         trainer.sink.close()
         if trainer.comm_timer is not None:
             trainer.comm_timer.uninstall()
-    summary["run_dir"] = str(run_dir)
     if env.is_rank0:
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print_summary(summary)
     return summary
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from toolkit.telemetry.read import load_run
 from toolkit.telemetry.report.analysis import collect_steps
+from toolkit.tracking.build import flatten, tracker_links
 
 NOISE_SIGMAS = 3.0
 METRICS = (
@@ -87,15 +88,6 @@ def compare_metrics(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[
     return rows
 
 
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): tree}
-
-
 def config_differences(run_a: Path, run_b: Path) -> list[tuple[str, Any, Any]]:
     from omegaconf import OmegaConf
 
@@ -103,7 +95,7 @@ def config_differences(run_a: Path, run_b: Path) -> list[tuple[str, Any, Any]]:
         path = Path(run) / "config.yaml"
         if not path.is_file():
             return {}
-        return _flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
+        return flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=False))
 
     a, b = load(run_a), load(run_b)
     keys = sorted(set(a) | set(b))
@@ -123,6 +115,8 @@ def compare(run_a: Path, run_b: Path) -> dict[str, Any]:
         "config_differences": [
             {"key": k, "a": va, "b": vb} for k, va, vb in config_differences(run_a, run_b)
         ],
+        # Each run's experiment trackers: the MLflow/W&B run or the TensorBoard log dir.
+        "trackers": {"a": tracker_links(Path(run_a)), "b": tracker_links(Path(run_b))},
     }
 
 
@@ -154,3 +148,6 @@ def print_comparison(result: dict[str, Any]) -> None:
     for d in result["config_differences"]:
         diffs.add_row(d["key"], str(d["a"]), str(d["b"]))
     console.print(diffs if result["config_differences"] else "Configuration: no differences")
+    for side in ("a", "b"):
+        for name, link in result["trackers"][side].items():
+            console.print(f"{side.upper()} in {name}: {link}", soft_wrap=True)

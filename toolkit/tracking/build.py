@@ -1,0 +1,136 @@
+"""The trackers a run asked for, as one sink on rank 0 (none elsewhere), and the record of
+them in RUN_DIR/tracking/trackers.json."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from toolkit.config.tracking import TrackingConfig
+from toolkit.events import Fanout, Sink
+from toolkit.redact import redact, redact_text
+from toolkit.tracking.base import Params, Tracker, TrackerSink
+
+log = logging.getLogger(__name__)
+
+TRACKERS_FILE = "tracking/trackers.json"
+
+
+def build_tracker(name: str, cfg: TrackingConfig, run_dir: Path) -> Tracker:
+    if name == "tensorboard":
+        from toolkit.tracking.tensorboard import TensorBoardTracker
+
+        return TensorBoardTracker(run_dir / "tracking" / "tensorboard")
+    if name == "mlflow":
+        from toolkit.tracking.mlflow import MlflowTracker
+
+        return MlflowTracker(cfg, run_dir)
+    from toolkit.tracking.wandb import WandbTracker
+
+    return WandbTracker(cfg, run_dir)
+
+
+class Trackers(Fanout):
+    """Every tracker of the run as one sink; close() also writes trackers.json."""
+
+    def __init__(self, sinks: list[TrackerSink], run_dir: Path):
+        super().__init__(sinks)
+        self.trackers = sinks
+        self.run_dir = run_dir
+
+    def close(self) -> None:
+        for s in self.trackers:  # stop them all first, then wait: the timeouts run side by side
+            s.request_stop()
+        records = {s.tracker.name: s.close() for s in self.trackers}
+        path = self.run_dir / TRACKERS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.write_text(json.dumps(redact(records), indent=2))
+
+
+def build_tracking_sinks(
+    cfg: TrackingConfig,
+    is_rank0: bool,
+    run_dir: Path,
+    config: dict[str, Any],
+    node_series: Callable[[], dict[str, list[tuple[float, float]]]] | None = None,
+) -> list[Sink]:
+    """Rank 0's trackers (none on the other ranks, none when tracking=none). `config` is the
+    job as a nested dict: it is redacted here, flattened, and logged as parameters;
+    `node_series`, called at the end, gives the node telemetry series to send."""
+    if not is_rank0 or not cfg.backends:
+        return []
+    params = Params(
+        config=flatten(redact(config)),
+        overrides=launch_overrides(run_dir),
+        run_name=cfg.run_name or run_dir.name,
+        artifacts=[
+            run_dir / "summary.json",
+            run_dir / "metrics" / "events-rank0.jsonl",
+            run_dir / "telemetry" / "report" / "report.html",
+        ],
+        node_series=node_series if cfg.node_series else None,
+    )
+    sinks = [
+        TrackerSink(
+            build_tracker(name, cfg, run_dir),
+            params,
+            cfg.queue_size,
+            cfg.batch_size,
+            cfg.close_timeout_s,
+            cfg.flush_interval_s,
+        )
+        for name in cfg.backends
+    ]
+    return [Trackers(sinks, run_dir)]
+
+
+def launch_overrides(run_dir: Path) -> list[str]:
+    """The command line's overrides as the launcher recorded them (already redacted)."""
+    from omegaconf import OmegaConf
+
+    path = run_dir / "launch.yaml"
+    if not path.is_file():  # a job built by hand, not by the launcher
+        return []
+    return [redact_text(str(o)) for o in OmegaConf.load(path).overrides]
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {"a.b.c": leaf}."""
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): tree}
+
+
+def read_trackers(run_dir: Path) -> dict[str, Any]:
+    """What RUN_DIR/tracking/trackers.json says about each tracker ({} when none ran)."""
+    path = run_dir / TRACKERS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+
+
+def tracker_links(run_dir: Path) -> dict[str, str]:
+    """Where each tracker of a run shows it: the run's URL (MLflow on a server, W&B online),
+    else its id and store, else its files; {} when the run used none."""
+    links = {}
+    for name, record in read_trackers(run_dir).items():
+        if record.get("url"):
+            links[name] = record["url"]
+        elif name == "mlflow" and record.get("run_id"):
+            links[name] = f"run {record['run_id']} at {record['tracking_uri']}"
+        elif record.get("logdir") or record.get("dir"):
+            links[name] = record.get("logdir") or record["dir"]
+        else:
+            links[name] = f"not started ({record.get('error')})"
+        if record.get("dropped"):
+            links[name] += f" ({record['dropped']} record(s) dropped)"
+    return links
