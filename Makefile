@@ -14,7 +14,7 @@ ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "torch==$(TORCH_VERSION)"
-	$(PY) -m pip install --quiet -e ".[dev,kernels,tracking]"
+	$(PY) -m pip install --quiet -e ".[dev,kernels,tracking,hf]"
 	touch $@
 
 install: $(VENV)/.installed

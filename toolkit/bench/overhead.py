@@ -12,10 +12,15 @@ shapes, batches, precision and world size, interleaved for R repetitions (A B, B
   save_final=false).
 * A0, toolkit without checkpointing: the same, checkpoint.enabled=false; A / A0 is what the
   checkpoint and preemption hooks cost a step.
-* B, bare (`bare_loop` below): fully_shard per block and at the root, AdamW, a loop over
-  pre-built batches with forward, backward (gradient sync skipped on all but the last
-  micro-step, as the toolkit does), grad-norm clipping, step, zero_grad and loss.item().
-  No toolkit code runs inside its loop.
+* B, bare (`bare_loop` below): fully_shard per unit (the model's blocks or layers, as its
+  spec names them) and at the root, AdamW, a loop over pre-built batches (the toolkit's
+  loader's, taken before timing) with forward, backward (gradient sync skipped on all but
+  the last micro-step, as the toolkit does), grad-norm clipping, step, zero_grad and
+  loss.item(). No toolkit code runs inside its loop but the model's own loss (the spec's:
+  `forward(inputs, targets)`, or your model's `loss(output, targets)`).
+
+Any model runs: the built-in presets, your own (`model._target_=...`), a registered one, a
+Hugging Face causal LM (`model=hf_llama_tiny`).
 
 Each repetition builds all three from scratch (build time not measured; the order rotates
 from one repetition to the next), skips W warm-up steps and times N steps on rank 0
@@ -44,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from toolkit.config.job import JobConfig
-from toolkit.config.model import series_shape, vocab_size
+from toolkit.config.model import series_shape
 from toolkit.hooks import Hook
 
 DEFAULTS = [
@@ -72,22 +77,21 @@ def bare_loop(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from toolkit.train.models import build_model  # the model class, not the loop
+    from toolkit.train.models.registry import spec_config, spec_for
 
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    spec = spec_for(job.model)  # the model class, its units and its loss: not the loop
     torch.manual_seed(job.seed)
-    model = build_model(job.model)
-    model.reset_parameters()
+    model = spec.build(spec_config(job.model))
+    spec.initialise(model)
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp_policy = MixedPrecisionPolicy(
         param_dtype=dtypes[job.precision.param_dtype],
         reduce_dtype=dtypes[job.precision.reduce_dtype],
     )
-    blocks = list(model.blocks.values())  # an nn.ModuleDict keyed by layer index
-    for i, block in enumerate(blocks):
-        fully_shard(
-            block, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(blocks) - 1
-        )
+    units = spec.units_of(model)
+    for i, unit in enumerate(units):
+        fully_shard(unit, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(units) - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     model.to(device)
     o = job.optim
@@ -104,7 +108,7 @@ def bare_loop(
     for micro_batches in batches:
         for i, (inputs, targets) in enumerate(micro_batches):
             model.set_requires_gradient_sync(i == accum - 1)  # reduce-scatter once per step
-            loss = model(inputs.to(device), targets.to(device)) / accum
+            loss = spec.loss_of(model, (inputs.to(device), targets.to(device))) / accum
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip, foreach=True)
         optimizer.step()
@@ -164,7 +168,8 @@ def step_seconds(ends: list[float], warmup: int) -> float:
 def worker(rank: int, world: int, job: JobConfig, args: dict, out: str) -> None:
     from toolkit.distributed.env import discover
     from toolkit.distributed.init import init_distributed, shutdown_distributed
-    from toolkit.train.data import BatchPlan, open_sources
+    from toolkit.tasks.train import build_loaders
+    from toolkit.train.data import BatchPlan
 
     env = discover()  # rank `rank` of `world` (toolkit.bench.ranks)
     device = init_distributed(env, 300.0)
@@ -177,8 +182,10 @@ def worker(rank: int, world: int, job: JobConfig, args: dict, out: str) -> None:
         world,
         rank,
     )
-    source = open_sources(job.data, vocab_size(job.model) or 256)["train"]
-    batches = [plan.micro_batches(source, "train", s) for s in range(steps)]  # same data as A
+    # The same batches as A's, from the toolkit's own loader, all taken before timing.
+    loader, _, _ = build_loaders(job, plan, device, Path(out), env)
+    batches = [next(loader)[1] for _ in range(steps)]
+    loader.close()
     variants = {
         "toolkit": lambda run_dir: toolkit_loop(
             with_checkpointing(job, True), env, run_dir, device
@@ -254,7 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.config.errors import ConfigError
     from toolkit.train.data import prepare
 
-    user_keys = {o.split("=", 1)[0] for o in args.overrides}
+    user_keys = {o.lstrip("+").split("=", 1)[0] for o in args.overrides}
+    # Your own model (`model._target_=...`, `model.kind=NAME`) replaces the default preset.
+    user_keys |= {k.split(".")[0] for k in user_keys if k.endswith(("._target_", ".kind"))}
     defaults = [d for d in DEFAULTS if d.split("=", 1)[0] not in user_keys]
     overrides = [*defaults, *args.overrides, f"trainer.steps={args.warmup + args.steps}"]
     try:

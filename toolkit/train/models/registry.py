@@ -43,7 +43,13 @@ def registered() -> dict[str, ModelSpec]:
     """name -> spec of every model registered under the `toolkit.models` entry points."""
     specs = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        loaded = ep.load()
+        try:
+            loaded = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a user's entry point: one line, what failed
+            raise UserError(
+                f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}) does not load: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
         spec = loaded() if callable(loaded) and not isinstance(loaded, ModelSpec) else loaded
         if not isinstance(spec, ModelSpec):
             raise UserError(
