@@ -20,13 +20,30 @@ from toolkit.hooks import Hook
 
 
 def locate(path: str) -> tuple[Any, str | None]:
-    """The object at `path`, or None and why not (the import error in a few words)."""
-    module, _, attribute = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attribute), None
-    except Exception as exc:  # noqa: BLE001 - any failure of a user's import is one line
-        text = str(exc).splitlines()[0] if str(exc) else ""
-        return None, f"{type(exc).__name__}: {text}"
+    """The object at `path` (module.attribute, attributes may nest: module.Class.method),
+    or None and why not (the import error in a few words)."""
+    module, attributes = path, []
+    while True:
+        module, _, attribute = module.rpartition(".")
+        attributes.insert(0, attribute)
+        if not module:
+            return None, f"ModuleNotFoundError: no module in {path!r}"
+        try:
+            found: Any = importlib.import_module(module)
+            break
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not module.startswith(exc.name):
+                return None, f"ModuleNotFoundError: {exc}"  # it imports something missing
+            if "." not in module:
+                return None, f"ModuleNotFoundError: {exc}"
+        except Exception as exc:  # noqa: BLE001 - any failure of a user's import is one line
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            return None, f"{type(exc).__name__}: {text}"
+    for attribute in attributes:
+        if not hasattr(found, attribute):
+            return None, f"AttributeError: {getattr(found, '__name__', found)} has no {attribute!r}"
+        found = getattr(found, attribute)
+    return found, None
 
 
 def optimizer_problems(job: Any, world: int) -> list[str]:

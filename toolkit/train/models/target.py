@@ -12,7 +12,6 @@ Loss conventions (model.loss):
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 import torch
@@ -22,6 +21,7 @@ from torch import nn
 from toolkit.config.model import TargetModelConfig
 from toolkit.errors import UserError
 from toolkit.train.models.spec import Batch, ModelSpec, modules_of_classes, repeated_children
+from toolkit.train.targets import locate
 
 LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "mse": lambda out, y: F.mse_loss(out.float(), y.float()),
@@ -32,24 +32,13 @@ LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 
 def import_path(path: str, what: str) -> object:
     """The object at `module.attribute` (attributes may nest), or a one-line UserError."""
-    module_name, _, attr = path.rpartition(".")
-    parts = [attr]
-    while module_name:
-        try:
-            obj: object = importlib.import_module(module_name)
-            break
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and not module_name.startswith(exc.name):
-                raise  # the module exists but imports something missing: show that
-            module_name, _, head = module_name.rpartition(".")
-            parts.insert(0, head)
-    else:
-        raise UserError(f"{what}={path}: no module of that name is importable (sys.path?)")
-    for part in parts:
-        if not hasattr(obj, part):
-            raise UserError(f"{what}={path}: {obj.__name__} has no attribute {part!r}")
-        obj = getattr(obj, part)
-    return obj
+    found, why = locate(path)
+    if why is not None:
+        raise UserError(
+            f"{what}={path}: cannot import it ({why}); is its package installed, or on "
+            "PYTHONPATH for the launcher and every rank?"
+        )
+    return found
 
 
 def build(cfg: TargetModelConfig) -> nn.Module:
