@@ -77,7 +77,16 @@ def own_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     own = getattr(model, "loss", None)
     if callable(own) and not isinstance(own, nn.Module):
         return scalar(own(model(inputs), targets), "model.loss(model(inputs), targets)")
-    return scalar(model(inputs, targets), "model(inputs, targets)")
+    try:
+        return scalar(model(inputs, targets), "model(inputs, targets)")
+    except TypeError as exc:
+        if "positional argument" not in str(exc):
+            raise
+        raise UserError(
+            f"model(inputs, targets): {exc}; a model whose forward takes the inputs alone "
+            "needs a loss: give it a loss(output, targets) method, or set "
+            "model.loss=mse|huber|cross_entropy|module.fn"
+        ) from None
 
 
 def pair(batch: Batch, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
