@@ -23,6 +23,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from toolkit.config.model import KINDS as MODEL_KINDS
 from toolkit.config.model import (
     GPTConfig,
     HFModelConfig,
@@ -73,7 +74,7 @@ def spec_for(cfg: ModelConfig) -> ModelSpec:
     if isinstance(cfg, PluginModelConfig):
         specs = registered()
         if cfg.kind not in specs:
-            known = ", ".join(["gpt", "timeseries", "hf_causal_lm", *sorted(specs)])
+            known = ", ".join([*MODEL_KINDS, *sorted(specs)])
             raise UserError(
                 f"model.kind={cfg.kind}: unknown; known kinds: {known} (a model of your own: "
                 f"model._target_=module.Class, or an entry point in group {ENTRY_POINT_GROUP})"
