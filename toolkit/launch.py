@@ -28,7 +28,7 @@ from toolkit.config.help import group_help, help_topics, launch_help
 from toolkit.config.hydra_tools import INFO_CHOICES
 from toolkit.config.validate import RuntimeCheck, validate
 from toolkit.data.manifest import DataError
-from toolkit.executors import PreparedRun, get_executor
+from toolkit.executors import PreparedRun, get_executor, rundir_lock
 from toolkit.kernels.checks import kernel_problems
 from toolkit.nccl.checks import check_job as nccl_problems
 from toolkit.redact import redact
@@ -137,6 +137,24 @@ def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = 
     _save_private(OmegaConf.to_yaml(OmegaConf.create(record)), run.run_dir / "launch.yaml")
 
 
+def claim_run_dir(run: PreparedRun) -> None:
+    """One writer per run dir (toolkit.executors.rundir_lock): a local run holds the lock
+    until its last rank ends; a Slurm launch is refused while the job recorded there lives."""
+    if run.job.cluster.kind == "slurm":
+        rundir_lock.check_slurm(run.run_dir, rundir_lock.slurm_state)
+    else:
+        rundir_lock.acquire(run.run_dir, rundir_lock.slurm_state)
+
+
+def run_dir_error(run_dir: Path, exc: OSError) -> str:
+    """One line for a run dir the launcher cannot create or write."""
+    where = exc.filename or run_dir
+    return (
+        f"cannot write the run dir {run_dir}: {where}: {exc.strerror or exc}; "
+        "choose a writable hydra.run.dir (and remove any file in the way)"
+    )
+
+
 def _save_private(text: str, path: Path) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # also when the file was there already
@@ -203,6 +221,12 @@ def prepare_in_allocation(
         all_overrides.append(f"hydra.run.dir={default_dir}")
     runs, cfgs = prepare([all_overrides], multirun=False, config_dirs=config_dirs)
     run = runs[0]
+    own_id = environ.get("SLURM_JOB_ID", "")
+    # This job holds the run dir across its requeues; another live job there is refused.
+    rundir_lock.check_slurm(
+        run.run_dir, lambda j: None if j == own_id else rundir_lock.slurm_state(j)
+    )
+    rundir_lock.record_slurm(run.run_dir, own_id or None)
     if (run.run_dir / "config.yaml").exists():
         return run.run_dir  # requeued: keep the config (and checkpoints) of the first start
     write_run_dir(run, choices_of(cfgs[0]), config_dirs)
@@ -218,7 +242,7 @@ def compose_in_allocation(overrides: list[str], config_dirs: Sequence[str] = ())
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
         return 2
-    except DataError as exc:
+    except (DataError, rundir_lock.RunDirBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(run_dir)
@@ -257,11 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     for run, cfg in zip(runs, cfgs, strict=True):
         if not run.job.launch.dry_run:
             try:  # once, before any rank starts: a bad dataset fails here, in one line
+                claim_run_dir(run)
                 prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
-            except DataError as exc:
+                write_run_dir(run, choices_of(cfg), args.config_dir)
+            except (DataError, rundir_lock.RunDirBusy) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-            write_run_dir(run, choices_of(cfg), args.config_dir)
+            except OSError as exc:
+                print(f"error: {run_dir_error(run.run_dir, exc)}", file=sys.stderr)
+                return 2
     kinds = {run.job.cluster.kind for run in runs}
     if len(kinds) != 1:
         print(

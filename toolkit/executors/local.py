@@ -16,7 +16,7 @@ from pathlib import Path
 from toolkit.config.shape import tasks_per_node
 from toolkit.distributed.env import free_port
 from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
-from toolkit.executors import PreparedRun, repo_root
+from toolkit.executors import PreparedRun, repo_root, rundir_lock
 from toolkit.fault.hang import hang_summaries
 from toolkit.redact import redact
 
@@ -83,6 +83,8 @@ class LocalExecutor:
         """Hand the supervision to a background process of its own and return."""
         logs = run.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        lock_fd = rundir_lock.held_fd(run.run_dir)  # the supervisor and its ranks hold it on
+        handed = {rundir_lock.ENV_FD: str(lock_fd)} if lock_fd is not None else {}
         with open(logs / "supervisor.out", "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "toolkit.executors.local", str(run.run_dir)],
@@ -90,7 +92,8 @@ class LocalExecutor:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env=rank_env(0, 1, 0, run.run_dir) | {"RANK": "", "WORLD_SIZE": ""},
+                env=rank_env(0, 1, 0, run.run_dir) | {"RANK": "", "WORLD_SIZE": ""} | handed,
+                pass_fds=() if lock_fd is None else (lock_fd,),
             )
         print(f"detached: supervisor pid {proc.pid}; logs in {logs}", flush=True)
         return 0
@@ -104,6 +107,8 @@ class LocalExecutor:
         logs.mkdir(parents=True, exist_ok=True)
         procs: list[subprocess.Popen] = []
         files = []
+        # Every rank holds the run dir's lock too: it is free only when the last one ends.
+        lock_fd = rundir_lock.held_fd(run.run_dir)
         started = time.time()
         for rank in range(world):
             if rank == 0 and follow:
@@ -119,6 +124,7 @@ class LocalExecutor:
                     stdout=out,
                     stderr=err,
                     stdin=subprocess.DEVNULL,
+                    pass_fds=() if lock_fd is None else (lock_fd,),
                 )
             )
         try:
@@ -182,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.config.compose import load_job
 
     run_dir = Path((argv or sys.argv[1:])[0]).resolve()
+    rundir_lock.adopt(run_dir, dict(os.environ))
     job = load_job(run_dir / "config.yaml")
     return LocalExecutor().run_one(PreparedRun(job, run_dir, []), follow=False)
 
