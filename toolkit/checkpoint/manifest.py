@@ -200,13 +200,15 @@ def verify(directory: Path, checksums: bool = True) -> Manifest:
     manifest = verify_sizes(directory)
     if checksums:
         verify_checksums(directory, manifest, sorted(manifest.files))
+    check_metadata(directory, manifest)
     return manifest
 
 
 def verify_sizes(directory: Path) -> Manifest:
     """The manifest, once every file it lists lies inside `directory` and exists with its
-    size, and this torch can read it (cheap: no file is read). Raises CheckpointTooNew for a
-    checkpoint of a newer torch."""
+    size, every file in `directory` is listed, the train state's step is possible, and this
+    torch can read it (cheap: only the small train state is read). Raises CheckpointTooNew
+    for a checkpoint of a newer torch."""
     manifest = read_manifest(directory)
     if ".metadata" not in manifest.files:
         raise CheckpointCorrupt(f"{directory}: manifest lists no .metadata (not a DCP checkpoint)")
@@ -220,22 +222,21 @@ def verify_sizes(directory: Path) -> Manifest:
             raise CheckpointCorrupt(
                 f"{path}: size {size} bytes, manifest says {entry.size_bytes} (truncated or altered)"
             )
-    check_complete(directory, manifest)
-    return manifest
-
-
-def check_complete(directory: Path, manifest: Manifest) -> None:
-    """Raise CheckpointCorrupt unless the manifest covers the whole checkpoint: every file in
-    the directory, and every file DCP's `.metadata` refers to, is listed (and so verified);
-    the `.metadata` unpickles (safely: toolkit.checkpoint.trust), and the train state names
-    the step that the directory and the manifest name. Reads only those two small files."""
-    from toolkit.checkpoint.trust import MetadataUnpickler, UnsafeCheckpoint
-
     for rel in data_files(directory):
         if rel not in manifest.files:
             raise CheckpointCorrupt(
                 f"{directory / rel}: not listed in {MANIFEST}, so never verified; refused"
             )
+    check_train_state(directory, manifest)
+    return manifest
+
+
+def check_metadata(directory: Path, manifest: Manifest) -> None:
+    """Raise CheckpointCorrupt unless DCP's `.metadata` unpickles (safely, through
+    toolkit.checkpoint.trust) and every file it refers to is listed in the manifest (and so
+    verified). Call after the checksums: an altered `.metadata` is named as such first."""
+    from toolkit.checkpoint.trust import MetadataUnpickler, UnsafeCheckpoint
+
     meta_path = directory / ".metadata"
     try:
         with open(meta_path, "rb") as f:
@@ -253,7 +254,6 @@ def check_complete(directory: Path, manifest: Manifest) -> None:
             raise CheckpointCorrupt(
                 f"{meta_path}: refers to {rel!r}, which {MANIFEST} does not list; refused"
             )
-    check_train_state(directory, manifest)
 
 
 def check_train_state(directory: Path, manifest: Manifest) -> None:

@@ -26,6 +26,7 @@ from toolkit.checkpoint.layout import committed_path
 from toolkit.checkpoint.manifest import (
     CheckpointCorrupt,
     CheckpointTooNew,
+    check_metadata,
     verify_checksums,
     verify_sizes,
 )
@@ -119,6 +120,7 @@ def _check_share(path: Path, checksums: bool, rank: int, world_size: int) -> tup
         manifest = verify_sizes(path)
         if checksums:
             verify_checksums(path, manifest, sorted(manifest.files)[rank::world_size])
+        check_metadata(path, manifest)
     except CheckpointCorrupt as exc:
         return ("corrupt", str(exc))
     except CheckpointTooNew as exc:
