@@ -281,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     for run, cfg in zip(runs, cfgs, strict=True):
         if not run.job.launch.dry_run:
             try:  # once, before any rank starts: a bad dataset fails here, in one line
-                claim_run_dir(run)
                 prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
+                claim_run_dir(run)
                 write_run_dir(run, choices_of(cfg), args.config_dir)
             except (DataError, rundir_lock.RunDirBusy) as exc:
                 print(f"error: {exc}", file=sys.stderr)
