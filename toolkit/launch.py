@@ -125,6 +125,8 @@ def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = 
     records the command line (redacted) and the file each option came from."""
     run.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     run.run_dir.chmod(0o700)
+    for sub in ("logs", "metrics"):  # a file in the way: one line here, not one per rank
+        (run.run_dir / sub).mkdir(exist_ok=True)
     config = OmegaConf.create(job_to_dict(run.job))
     _save_private(OmegaConf.to_yaml(config), run.run_dir / "config.yaml")
     dirs = sources.search_dirs(config_dirs)
@@ -244,6 +246,9 @@ def compose_in_allocation(overrides: list[str], config_dirs: Sequence[str] = ())
         return 2
     except (DataError, rundir_lock.RunDirBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {run_dir_error(Path(exc.filename or '.'), exc)}", file=sys.stderr)
         return 2
     print(run_dir)
     return 0

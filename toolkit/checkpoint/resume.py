@@ -66,6 +66,11 @@ def candidates(storage: Storage, root: Path, cfg: CheckpointConfig) -> list[Cand
     if not cfg.resume_from:
         return own
     explicit = Path(cfg.resume_from).expanduser().resolve()
+    if not explicit.is_dir():
+        raise CheckpointCorrupt(
+            f"checkpoint.resume_from={explicit}: not a directory; point it at a checkpoint "
+            "(RUN_DIR/checkpoints/step-N) or a run directory"
+        )
     if (explicit / "checkpoints").is_dir():  # a run directory: its newest
         steps = committed_steps(storage, explicit / "checkpoints")
         if not steps:
