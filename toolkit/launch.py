@@ -223,7 +223,7 @@ def prepare_in_allocation(
         all_overrides.append(f"hydra.run.dir={default_dir}")
     runs, cfgs = prepare([all_overrides], multirun=False, config_dirs=config_dirs)
     run = runs[0]
-    own_id = environ.get("SLURM_JOB_ID", "")
+    own_id = slurm_job_label(environ)
     # This job holds the run dir across its requeues; another live job there is refused.
     rundir_lock.check_slurm(
         run.run_dir, lambda j: None if j == own_id else rundir_lock.slurm_state(j)

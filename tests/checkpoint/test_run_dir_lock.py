@@ -15,8 +15,20 @@ from toolkit.executors import rundir_lock
 
 HOLD = (
     "import sys, time; from pathlib import Path; from toolkit.executors import rundir_lock; "
-    "rundir_lock.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)"
+    "rundir_lock.{call}; print('held', flush=True); time.sleep(600)"
 )
+
+
+def holding(run_dir, call: str = "acquire(Path(sys.argv[1]))") -> subprocess.Popen:
+    """Another process that holds run_dir's lock until it is killed."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD.format(call=call), str(run_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+    assert holder.stdout.readline() == "held\n"
+    return holder
 
 
 def test_a_second_launch_is_refused_while_the_first_runs_and_the_first_is_intact(
@@ -43,11 +55,8 @@ def test_a_second_launch_is_refused_while_the_first_runs_and_the_first_is_intact
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path):
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env()
-    )
+    holder = holding(tmp_path)
     try:
-        assert holder.stdout.readline() == "held\n"
         lock_file = tmp_path / rundir_lock.LOCK_NAME
         assert stat.S_IMODE(lock_file.stat().st_mode) == 0o600
         assert json.loads(lock_file.read_text())["pid"] == holder.pid
@@ -67,3 +76,17 @@ def test_a_run_dir_recorded_for_a_live_slurm_job_is_refused_until_the_job_ends(t
         rundir_lock.check_slurm(tmp_path, states.get)
     states["4242"] = "COMPLETED"
     rundir_lock.check_slurm(tmp_path, states.get)
+
+
+def test_rank_0_of_a_slurm_attempt_holds_the_run_dir_for_its_job(tmp_path):
+    attempt = holding(tmp_path, "hold_for_attempt(Path(sys.argv[1]), {'SLURM_JOB_ID': '77'})")
+    try:
+        with pytest.raises(rundir_lock.RunDirBusy, match="in use by Slurm job 77"):
+            rundir_lock.acquire(tmp_path)
+    finally:
+        attempt.kill()  # the attempt is preempted
+        attempt.wait()
+    # Its requeued attempt (the same job) takes the run dir again.
+    rundir_lock.hold_for_attempt(tmp_path, {"SLURM_JOB_ID": "77"})
+    rundir_lock.release(tmp_path)
+    assert rundir_lock.holder(tmp_path)["slurm_job_id"] == "77"

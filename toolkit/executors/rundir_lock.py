@@ -9,6 +9,8 @@ crash or not: there is never a stale lock to remove by hand. The file says who h
 A Slurm job outlives its launcher and is requeued on other nodes, so there the lock is the
 job itself: the launcher (or the batch script's `--compose`) records the job id in the file,
 and a later launch into the same run dir is refused while that job is pending or running.
+Inside the job, rank 0 of each attempt holds the flock until it ends (`hold_for_attempt`),
+so that nothing else writes there while the attempt runs, requeue or not.
 """
 
 from __future__ import annotations
@@ -67,10 +69,15 @@ def _open(run_dir: Path) -> int:
     return fd
 
 
-def acquire(run_dir: Path, job_state: Callable[[str], str | None] | None = None) -> int:
+def acquire(
+    run_dir: Path,
+    job_state: Callable[[str], str | None] | None = None,
+    slurm_job_id: str | None = None,
+) -> int:
     """Take the run dir's lock for this process (and the children it hands the descriptor
     to); return the descriptor. Raises RunDirBusy naming the holder: a live local holder, or
-    (with job_state: Slurm job id -> state, None if gone) a Slurm job still pending or running.
+    (with job_state: Slurm job id -> state, None if gone) another Slurm job still pending or
+    running. `slurm_job_id`: the job this process runs in (rank 0 of an attempt), recorded.
     """
     run_dir = Path(run_dir)
     if run_dir in _held:
@@ -84,12 +91,22 @@ def acquire(run_dir: Path, job_state: Callable[[str], str | None] | None = None)
         raise _busy(run_dir, holder(run_dir)) from None
     record = holder(run_dir)
     job_id = record.get("slurm_job_id")
-    if job_id and job_state is not None and job_state(str(job_id)) in LIVE_STATES:
+    other_job = job_id and str(job_id) != slurm_job_id
+    if other_job and job_state is not None and job_state(str(job_id)) in LIVE_STATES:
         os.close(fd)
         raise _busy(run_dir, record)
-    _write(fd, {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": None})
+    _write(fd, {"pid": os.getpid(), "host": socket.gethostname(), "slurm_job_id": slurm_job_id})
     _held[run_dir] = fd
     return fd
+
+
+def hold_for_attempt(run_dir: Path, environ: dict[str, str]) -> None:
+    """Rank 0 of a Slurm attempt: hold the lock for this job until the process ends (the
+    kernel releases it then, also when the attempt is killed). Raises RunDirBusy when another
+    process or another live job holds the run dir."""
+    from toolkit.distributed.env import slurm_job_label  # '123', or '120_3' in an array
+
+    acquire(Path(run_dir), slurm_state, slurm_job_id=slurm_job_label(environ))
 
 
 def adopt(run_dir: Path, environ: dict[str, str]) -> None:
