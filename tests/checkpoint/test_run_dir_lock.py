@@ -2,6 +2,8 @@
 holder that dies (however) leaves no lock behind."""
 
 import json
+import os
+import signal
 import socket
 import stat
 import subprocess
@@ -9,8 +11,16 @@ import sys
 
 import pytest
 
-from tests.checkpoint.conftest import CKPT, STEPS, env, launch, losses, wait_for
-from toolkit.errors import EXIT_CONFIG
+from tests.checkpoint.conftest import (
+    CKPT,
+    STEPS,
+    checkpoint_names,
+    env,
+    launch,
+    losses,
+    wait_for,
+)
+from toolkit.errors import EXIT_CONFIG, EXIT_PREEMPTED
 from toolkit.executors import rundir_lock
 
 HOLD = (
@@ -90,3 +100,30 @@ def test_rank_0_of_a_slurm_attempt_holds_the_run_dir_for_its_job(tmp_path):
     rundir_lock.hold_for_attempt(tmp_path, {"SLURM_JOB_ID": "77"})
     rundir_lock.release(tmp_path)
     assert rundir_lock.holder(tmp_path)["slurm_job_id"] == "77"
+
+
+def free(run_dir) -> bool:
+    try:
+        rundir_lock.acquire(run_dir)
+    except rundir_lock.RunDirBusy:
+        return False
+    rundir_lock.release(run_dir)
+    return True
+
+
+def test_ranks_end_with_their_launcher_checkpointed_and_a_relaunch_resumes(tmp_path, start):
+    run_dir = tmp_path / "run"
+    job = start(run_dir, *CKPT, "checkpoint.interval_steps=100", "fault.data_delay_s=0.3")
+    steps = run_dir / "metrics" / "rank0.jsonl"
+    wait_for(lambda: steps.exists() and steps.read_text().strip(), what="the first step")
+    assert not free(run_dir)  # the launcher and its ranks hold it
+    os.kill(job.pid, signal.SIGKILL)  # the launcher alone; its ranks get SIGTERM from the kernel
+    job.wait()
+    wait_for(lambda: free(run_dir), timeout_s=60, what="the ranks to end")
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_code"] == EXIT_PREEMPTED and summary["steps"] < STEPS
+    assert checkpoint_names(run_dir) == [f"step-{summary['steps']:08d}"]
+    again = launch(run_dir, *CKPT)
+    assert again.returncode == 0, again.stderr
+    assert max(losses(run_dir)) == STEPS

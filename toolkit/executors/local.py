@@ -6,6 +6,7 @@ Rank 0 writes to this terminal; every other rank to RUN_DIR/logs/rank<k>.{out,er
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -44,11 +45,42 @@ def rank_env(
     return env
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def end_with(launcher_pid: int):
+    """A preexec_fn for a rank: SIGTERM it when its launcher dies, however (Linux's
+    PR_SET_PDEATHSIG), which the rank takes as a preemption: it checkpoints at the next step
+    and ends, instead of running on unsupervised. Elsewhere a no-op."""
+
+    def arm() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != launcher_pid:  # it died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def interrupted_line(run_dir: Path, cut_off: bool) -> str:
+    """What an interrupted run left: whether a save was cut off, the newest commit."""
+    from toolkit.checkpoint.layout import MANIFEST
+
+    committed = sorted(
+        p for p in (run_dir / "checkpoints").glob("step-*") if (p / MANIFEST).is_file()
+    )
+    newest = f"newest committed checkpoint {committed[-1]}" if committed else "no checkpoint"
+    cut = "; ranks still running after launch.kill_grace_s were killed" if cut_off else ""
+    return f"interrupted: all ranks stopped{cut}; {newest}; relaunch into {run_dir} to resume"
 
 
 class LocalExecutor:
@@ -125,13 +157,23 @@ class LocalExecutor:
                     stderr=err,
                     stdin=subprocess.DEVNULL,
                     pass_fds=() if lock_fd is None else (lock_fd,),
+                    preexec_fn=end_with(os.getpid()),
                 )
             )
         try:
             code, failed = self._supervise(procs, job.launch.kill_grace_s)
         except KeyboardInterrupt:
-            self._terminate(procs, job.launch.kill_grace_s)
-            print("interrupted: all ranks stopped", file=sys.stderr)
+            print(
+                "interrupted: the ranks stop at their next step and checkpoint "
+                "(Ctrl-C again to kill them)",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                cut_off = self._terminate(procs, job.launch.kill_grace_s)
+            except KeyboardInterrupt:
+                cut_off = self._terminate(procs, 0.0)
+            print(interrupted_line(run.run_dir, cut_off), file=sys.stderr)
             return 130
         finally:
             for f in files:
@@ -170,17 +212,21 @@ class LocalExecutor:
             time.sleep(POLL_S)
 
     @staticmethod
-    def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+    def _terminate(procs: list[subprocess.Popen], grace_s: float) -> bool:
+        """SIGTERM the ranks, SIGKILL those still running after grace_s; whether any was."""
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.time() + grace_s
+        killed = False
         for p in procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+                killed = True
+        return killed
 
 
 def main(argv: list[str] | None = None) -> int:
