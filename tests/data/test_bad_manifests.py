@@ -113,3 +113,16 @@ def test_nothing_in_the_repository_unpickles_numpy_files() -> None:
         if pattern.search(p.read_text(errors="replace"))
     ]
     assert offenders == []
+
+
+def test_prepare_names_a_feature_column_of_strings(tmp_path, capsys) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {"time": [1, 1, 2], "instrument": ["A", "B", "A"], "sector": ["tech", "bank", "x"]}
+    )
+    pq.write_table(table, tmp_path / "src.parquet")
+    assert data_cli(["prepare", str(tmp_path / "src.parquet"), str(tmp_path / "out")]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "feature column 'sector' holds string, not numbers" in line

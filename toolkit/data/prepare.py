@@ -131,7 +131,14 @@ def _pivot(table, times, instruments, features, time_column, instrument_column, 
     values = np.full((len(times), len(instruments), len(features)), np.nan, np.float32)
     mask = np.zeros(values.shape, np.uint8)
     for j, feature in enumerate(features):
-        col = table.column(feature).cast(pa.float32())
+        column = table.column(feature)
+        try:
+            col = column.cast(pa.float32())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise DataError(
+                f"{where}: feature column {feature!r} holds {column.type}, not numbers; convert "
+                "it to numbers or drop it from the source"
+            ) from None
         values[t_idx, i_idx, j] = col.to_numpy(zero_copy_only=False)
         mask[t_idx, i_idx, j] = pc.is_valid(col).to_numpy(zero_copy_only=False)
     mask[np.isnan(values) & mask.astype(bool)] = 0  # a NaN cell in a source is a missing value
