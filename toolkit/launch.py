@@ -31,12 +31,18 @@ from toolkit.data.manifest import DataError
 from toolkit.executors import PreparedRun, get_executor, rundir_lock
 from toolkit.kernels.checks import kernel_problems
 from toolkit.nccl.checks import check_job as nccl_problems
+from toolkit.perfmodel.job import memory_problems
 from toolkit.redact import redact
 from toolkit.tasks import task_problems
 
 # Checks that need the runtime's knowledge (task names, NCCL's variables, which kernels can
-# run where the ranks run), beside the config groups' own problems().
-RUNTIME_CHECKS: list[RuntimeCheck] = [task_problems, nccl_problems, kernel_problems]
+# run where the ranks run, whether the job fits the devices' memory), beside the config groups' own problems().
+RUNTIME_CHECKS: list[RuntimeCheck] = [
+    task_problems,
+    nccl_problems,
+    kernel_problems,
+    memory_problems,
+]
 
 USAGE = (
     "python -m toolkit.launch [-m] [-cd DIR] [--cfg job|hydra|all] [--help [GROUP]] [OVERRIDE ...]"

@@ -36,3 +36,14 @@ def test_nan_and_negative_values_are_refused_by_name(override, message) -> None:
     with pytest.raises(ConfigError) as err:
         validate(job(override))
     assert message in err.value.problems
+
+
+def test_a_batch_far_past_the_device_memory_is_refused_naming_the_largest_term() -> None:
+    from toolkit.launch import RUNTIME_CHECKS
+
+    with pytest.raises(ConfigError) as err:
+        validate(job("model=gpt_tiny", "trainer.micro_batch_size=100000"), RUNTIME_CHECKS)
+    (line,) = err.value.problems
+    assert line.startswith("trainer.micro_batch_size=100000: does not fit: peak ")
+    assert "largest term activations" in line and "(hardware=cpu)" in line
+    validate(job("model=gpt_tiny", "trainer.micro_batch_size=8"), RUNTIME_CHECKS)  # fits
