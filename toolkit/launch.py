@@ -36,7 +36,8 @@ from toolkit.redact import redact
 from toolkit.tasks import task_problems
 
 # Checks that need the runtime's knowledge (task names, NCCL's variables, which kernels can
-# run where the ranks run, whether the job fits the devices' memory), beside the config groups' own problems().
+# run where the ranks run, whether the job fits the devices' memory), beside the config
+# groups' own problems().
 RUNTIME_CHECKS: list[RuntimeCheck] = [
     task_problems,
     nccl_problems,
@@ -293,9 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         if not run.job.launch.dry_run:
             try:  # once, before any rank starts: a bad dataset fails here, in one line
                 prepare_data(run.job.data, run.job.model.num_series, run.job.model.num_targets)
+            except DataError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            try:  # one writer per run dir, and a run dir that cannot be written: one line
                 claim_run_dir(run)
                 write_run_dir(run, choices_of(cfg), args.config_dir)
-            except (DataError, rundir_lock.RunDirBusy) as exc:
+            except rundir_lock.RunDirBusy as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
             except OSError as exc:
