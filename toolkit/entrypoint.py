@@ -51,6 +51,17 @@ def fail_with_one_line(exc: UserError, rank: int, run_dir: Path, log: logging.Lo
     os._exit(exc.exit_code)
 
 
+def hold_run_dir(run_dir: Path) -> None:
+    """Rank 0 of a Slurm attempt holds RUN_DIR/.lock (toolkit.executors.rundir_lock)."""
+    from toolkit.errors import EXIT_RUN_DIR_BUSY
+    from toolkit.executors.rundir_lock import RunDirBusy, hold_for_attempt
+
+    try:
+        hold_for_attempt(run_dir, dict(os.environ))
+    except RunDirBusy as exc:
+        raise UserError(str(exc), EXIT_RUN_DIR_BUSY) from None
+
+
 def mark_bad_node(run_dir: Path, text: str) -> None:
     """A hardware error (uncorrectable ECC, XID, ...) marks this rank's node as bad, for
     the requeue to leave out (toolkit.executors.badnodes)."""
@@ -81,6 +92,8 @@ def run_rank(run_dir: Path) -> int:
         from toolkit.nccl import configure  # NCCL/PyTorch variables, checked against the node
 
         configure(job.nccl, env, run_dir)
+        if env.is_rank0 and env.source == "slurm":  # one writer per run dir, per attempt
+            hold_run_dir(run_dir)
         device = init_distributed(env, job.nccl.timeout_s)
         if env.is_rank0:
             write_snapshot(run_dir / "env.json")

@@ -11,12 +11,17 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_CONFIG = 2  # the launcher refused the config before any rank started
 EXIT_CHECKPOINT_UNUSABLE = 65  # EX_DATAERR: no checkpoint can be resumed, or a dataset is bad
+EXIT_RUN_DIR_BUSY = 73  # EX_CANTCREAT: another launch or job writes into this run dir
 EXIT_SAVE_FAILED = 74  # EX_IOERR: stopped because a checkpoint could not be written
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: checkpointed after a signal; relaunch to resume
 EXIT_RESUME_REFUSED = 78  # EX_CONFIG: the run's config does not fit the checkpoint's
 EXIT_HANG = 79  # a rank made no progress for fault.hang_timeout_s; stacks dumped, then ended
+EXIT_NONFINITE = 80  # the loss or grad norm went NaN/inf (trainer.on_nonfinite=stop): nothing
+# was applied or committed from that step; lower the learning rate, or resume and skip it
 
-USER_ERROR_EXITS = frozenset({EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED})
+USER_ERROR_EXITS = frozenset(
+    {EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED, EXIT_NONFINITE, EXIT_RUN_DIR_BUSY}
+)
 
 
 class UserError(Exception):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -119,6 +120,18 @@ class JsonlSink:
     def close(self) -> None:
         self._steps.close()
         self._events.close()
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every non-finite float (NaN, inf) as None, so that json.dumps writes
+    strict JSON (null, never a literal NaN that other readers refuse)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:

@@ -29,17 +29,18 @@ from toolkit.config.hydra_tools import INFO_CHOICES
 from toolkit.config.model import series_shape
 from toolkit.config.validate import RuntimeCheck, validate
 from toolkit.data.manifest import DataError
-from toolkit.executors import PreparedRun, get_executor
+from toolkit.executors import PreparedRun, get_executor, rundir_lock
 from toolkit.kernels.checks import kernel_problems
 from toolkit.nccl.checks import check_job as nccl_problems
+from toolkit.perfmodel.job import memory_problems
 from toolkit.redact import redact
 from toolkit.tasks import task_problems
 from toolkit.train.model_checks import model_problems
 from toolkit.train.targets import callback_problems, optimizer_problems
 
 # Checks that need the runtime's knowledge (task names, NCCL's variables, which kernels can
-# run where the ranks run, whether your own optimizer and callbacks import), beside the
-# config groups' own problems().
+# run where the ranks run, whether your own optimizer and callbacks import, whether the
+# job fits the devices' memory), beside the config groups' own problems().
 RUNTIME_CHECKS: list[RuntimeCheck] = [
     task_problems,
     nccl_problems,
@@ -47,6 +48,7 @@ RUNTIME_CHECKS: list[RuntimeCheck] = [
     optimizer_problems,
     callback_problems,
     model_problems,
+    memory_problems,
 ]
 
 USAGE = (
@@ -136,6 +138,8 @@ def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = 
     records the command line (redacted) and the file each option came from."""
     run.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     run.run_dir.chmod(0o700)
+    for sub in ("logs", "metrics"):  # a file in the way: one line here, not one per rank
+        (run.run_dir / sub).mkdir(exist_ok=True)
     config = OmegaConf.create(job_to_dict(run.job))
     _save_private(OmegaConf.to_yaml(config), run.run_dir / "config.yaml")
     dirs = sources.search_dirs(config_dirs)
@@ -146,6 +150,24 @@ def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = 
         "config_dirs": [str(d.path) for d in dirs],
     }
     _save_private(OmegaConf.to_yaml(OmegaConf.create(record)), run.run_dir / "launch.yaml")
+
+
+def claim_run_dir(run: PreparedRun) -> None:
+    """One writer per run dir (toolkit.executors.rundir_lock): a local run holds the lock
+    until its last rank ends; a Slurm launch is refused while the job recorded there lives."""
+    if run.job.cluster.kind == "slurm":
+        rundir_lock.check_slurm(run.run_dir, rundir_lock.slurm_state)
+    else:
+        rundir_lock.acquire(run.run_dir, rundir_lock.slurm_state)
+
+
+def run_dir_error(run_dir: Path, exc: OSError) -> str:
+    """One line for a run dir the launcher cannot create or write."""
+    where = exc.filename or run_dir
+    return (
+        f"cannot write the run dir {run_dir}: {where}: {exc.strerror or exc}; "
+        "choose a writable hydra.run.dir (and remove any file in the way)"
+    )
 
 
 def _save_private(text: str, path: Path) -> None:
@@ -214,6 +236,12 @@ def prepare_in_allocation(
         all_overrides.append(f"hydra.run.dir={default_dir}")
     runs, cfgs = prepare([all_overrides], multirun=False, config_dirs=config_dirs)
     run = runs[0]
+    own_id = slurm_job_label(environ)
+    # This job holds the run dir across its requeues; another live job there is refused.
+    rundir_lock.check_slurm(
+        run.run_dir, lambda j: None if j == own_id else rundir_lock.slurm_state(j)
+    )
+    rundir_lock.record_slurm(run.run_dir, own_id or None)
     if (run.run_dir / "config.yaml").exists():
         return run.run_dir  # requeued: keep the config (and checkpoints) of the first start
     write_run_dir(run, choices_of(cfgs[0]), config_dirs)
@@ -229,8 +257,11 @@ def compose_in_allocation(overrides: list[str], config_dirs: Sequence[str] = ())
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
         return 2
-    except DataError as exc:
+    except (DataError, rundir_lock.RunDirBusy) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {run_dir_error(Path(exc.filename or '.'), exc)}", file=sys.stderr)
         return 2
     print(run_dir)
     return 0
@@ -272,7 +303,15 @@ def main(argv: list[str] | None = None) -> int:
             except DataError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-            write_run_dir(run, choices_of(cfg), args.config_dir)
+            try:  # one writer per run dir, and a run dir that cannot be written: one line
+                claim_run_dir(run)
+                write_run_dir(run, choices_of(cfg), args.config_dir)
+            except rundir_lock.RunDirBusy as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            except OSError as exc:
+                print(f"error: {run_dir_error(run.run_dir, exc)}", file=sys.stderr)
+                return 2
     kinds = {run.job.cluster.kind for run in runs}
     if len(kinds) != 1:
         print(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -28,6 +29,16 @@ BASE = [
     "launch.follow=false",
 ]
 CKPT = ["checkpoint.enabled=true", "checkpoint.interval_steps=2"]
+
+
+def dcp_metadata(*files: str) -> bytes:
+    """A `.metadata` as DCP pickles it, indexing one item in each of `files` (for tests
+    that build a checkpoint's files by hand)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+
+    storage = {MetadataIndex(f"w{i}"): _StorageInfo(f, 0, 1) for i, f in enumerate(files)}
+    return pickle.dumps(Metadata(state_dict_metadata={}, storage_data=storage))
 
 
 def cli(run_dir: Path, *overrides: str) -> list[str]:

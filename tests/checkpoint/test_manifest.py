@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 
+from tests.checkpoint.conftest import dcp_metadata
 from toolkit.checkpoint.discovery import remove_torn
 from toolkit.checkpoint.layout import MANIFEST, committed_path, tmp_path
 from toolkit.checkpoint.manifest import (
@@ -23,7 +24,7 @@ from toolkit.checkpoint.storage import LocalStorage, SafeFileSystemReader
 def make_checkpoint(root, step, payload=b"x" * 1000):
     d = committed_path(root, step)
     d.mkdir(parents=True)
-    (d / ".metadata").write_bytes(b"meta")
+    (d / ".metadata").write_bytes(dcp_metadata("__0_0.distcp"))
     (d / "__0_0.distcp").write_bytes(payload)
     (d / MANIFEST).write_text(build_manifest(d, step, 2, "abc").to_json())
     return d
@@ -46,7 +47,7 @@ def test_an_altered_shard_is_named(tmp_path):
 def test_checksums_other_ranks_reported_are_used_only_while_the_size_matches(tmp_path):
     d = tmp_path / "step"
     d.mkdir()
-    (d / ".metadata").write_bytes(b"meta")
+    (d / ".metadata").write_bytes(dcp_metadata())
     (d / "__1_0.distcp").write_bytes(b"z" * 100)
     reported = {"__1_0.distcp": FileEntry(100, "from-rank-1")}
     assert build_manifest(d, 2, 2, "abc", reported).files["__1_0.distcp"].checksum == "from-rank-1"
@@ -58,7 +59,7 @@ def test_checksums_other_ranks_reported_are_used_only_while_the_size_matches(tmp
 def test_checkpoints_committed_with_sha256_manifests_still_verify(tmp_path):
     d = committed_path(tmp_path, 2)
     d.mkdir(parents=True)
-    files = {".metadata": b"meta", "__0_0.distcp": b"x" * 1000}
+    files = {".metadata": dcp_metadata("__0_0.distcp"), "__0_0.distcp": b"x" * 1000}
     for name, data in files.items():
         (d / name).write_bytes(data)
     old = {  # format 1, as the first release wrote it

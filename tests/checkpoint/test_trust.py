@@ -13,6 +13,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from tests.checkpoint.conftest import dcp_metadata
 from tests.checkpoint.test_overlap import model_and_optimizer
 from toolkit.checkpoint.checkpointer import Checkpointer
 from toolkit.checkpoint.layout import MANIFEST, TRAIN_STATE, committed_path
@@ -127,7 +128,7 @@ def checkpoint_listing(tmp_path, relative: str, target):
     of `target`, so that only the path itself is wrong."""
     d = committed_path(tmp_path, 2)
     d.mkdir(parents=True)
-    (d / ".metadata").write_bytes(b"meta")
+    (d / ".metadata").write_bytes(dcp_metadata())
     manifest = build_manifest(d, 2, 1, "abc")
     manifest.files[relative] = FileEntry(target.stat().st_size, checksum_file(target))
     (d / MANIFEST).write_text(manifest.to_json())

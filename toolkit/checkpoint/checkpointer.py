@@ -82,6 +82,7 @@ class SaveResult:
     future: Future | None = None
     staged: Future | None = None  # overlapped staging: done once the state is in CPU memory
     writer: Any = None
+    json_error: OSError | None = None  # this rank's JSON files could not be written
 
 
 _STOP = object()
@@ -148,7 +149,12 @@ class Checkpointer:
         tmp = tmp_path(self.root, step)
         result = SaveResult(step=step, path=tmp, start=start, wait_previous_s=waited)
         try:
-            self._write_json(tmp, train_state)
+            try:
+                self._write_json(tmp, train_state)
+            except OSError as exc:
+                # The other ranks enter DCP's collectives next: take part, fail after them
+                # (in the commit loop), so that no rank waits for this one until a timeout.
+                result.json_error = exc
             state = state_to_save(model, optimizer)
             writer = result.writer = self.storage.dcp_writer(tmp)
             planner = self._plans.planner() if self._plans is not None else None
@@ -208,6 +214,8 @@ class Checkpointer:
                 result.future.result()
                 result.write_s = time.perf_counter() - t0
                 entries = self._gather_checksums(result)
+                if result.json_error is not None:  # after the collectives every rank took part in
+                    raise result.json_error
                 if self.rank == 0:
                     self._commit(result, entries)
             # DCP's CheckpointException derives from BaseException: catch it explicitly.

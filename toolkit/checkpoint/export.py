@@ -57,10 +57,24 @@ def load_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
     return {k: v.contiguous() for k, v in state["model"].items()}
 
 
+def refuse_overwrite(source: Path, out: Path) -> None:
+    """An export never replaces a file of the run or checkpoint it reads (its config.yaml,
+    a shard, ...) nor a directory; ValueError (one line) naming `out` otherwise."""
+    source, target = source.expanduser().resolve(), out.expanduser().resolve()
+    if target.is_dir():
+        raise ValueError(f"{out}: is a directory; give the path of the file to write")
+    if target.exists() and target.is_relative_to(source):
+        raise ValueError(
+            f"{out}: a file of {source} already, which an export never overwrites; "
+            "write the export to a new path"
+        )
+
+
 def export_model(source: Path, out: Path, fmt: str = "safetensors") -> Path:
     """Write the consolidated model of `source` (checkpoint or run dir) to `out`."""
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt}: unknown; allowed: {', '.join(FORMATS)}")
+    refuse_overwrite(source, out)
     checkpoint = resolve_checkpoint(source)
     tensors = load_model_state(checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ import torch
 import xxhash
 
 import toolkit
-from toolkit.checkpoint.layout import MANIFEST
+from toolkit.checkpoint.layout import MANIFEST, TRAIN_STATE, parse_step
 
 FORMAT_VERSION = 2
 CHECKSUM = "xxh3_128"
@@ -200,13 +200,15 @@ def verify(directory: Path, checksums: bool = True) -> Manifest:
     manifest = verify_sizes(directory)
     if checksums:
         verify_checksums(directory, manifest, sorted(manifest.files))
+    check_metadata(directory, manifest)
     return manifest
 
 
 def verify_sizes(directory: Path) -> Manifest:
     """The manifest, once every file it lists lies inside `directory` and exists with its
-    size, and this torch can read it (cheap: no file is read). Raises CheckpointTooNew for a
-    checkpoint of a newer torch."""
+    size, every file in `directory` is listed, the train state's step is possible, and this
+    torch can read it (cheap: only the small train state is read). Raises CheckpointTooNew
+    for a checkpoint of a newer torch."""
     manifest = read_manifest(directory)
     if ".metadata" not in manifest.files:
         raise CheckpointCorrupt(f"{directory}: manifest lists no .metadata (not a DCP checkpoint)")
@@ -220,7 +222,62 @@ def verify_sizes(directory: Path) -> Manifest:
             raise CheckpointCorrupt(
                 f"{path}: size {size} bytes, manifest says {entry.size_bytes} (truncated or altered)"
             )
+    for rel in data_files(directory):
+        if rel not in manifest.files:
+            raise CheckpointCorrupt(
+                f"{directory / rel}: not listed in {MANIFEST}, so never verified; refused"
+            )
+    check_train_state(directory, manifest)
     return manifest
+
+
+def check_metadata(directory: Path, manifest: Manifest) -> None:
+    """Raise CheckpointCorrupt unless DCP's `.metadata` unpickles (safely, through
+    toolkit.checkpoint.trust) and every file it refers to is listed in the manifest (and so
+    verified). Call after the checksums: an altered `.metadata` is named as such first."""
+    from toolkit.checkpoint.trust import MetadataUnpickler, UnsafeCheckpoint
+
+    meta_path = directory / ".metadata"
+    try:
+        with open(meta_path, "rb") as f:
+            metadata = MetadataUnpickler(f, meta_path).load()
+    except UnsafeCheckpoint:
+        metadata = None  # refused at load, naming what it refers to (toolkit.checkpoint.trust)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure: unreadable
+        raise CheckpointCorrupt(
+            f"{meta_path}: unreadable DCP metadata ({type(exc).__name__}: {exc}); refused"
+        ) from None
+    storage = getattr(metadata, "storage_data", None) or {}
+    for info in storage.values():
+        rel = str(getattr(info, "relative_path", ""))
+        if rel not in manifest.files:
+            raise CheckpointCorrupt(
+                f"{meta_path}: refers to {rel!r}, which {MANIFEST} does not list; refused"
+            )
+
+
+def check_train_state(directory: Path, manifest: Manifest) -> None:
+    """The train state (when the checkpoint has one) is a JSON object whose step is a
+    non-negative integer equal to the manifest's and the directory name's."""
+    path = directory / TRAIN_STATE
+    if not path.is_file():
+        return
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointCorrupt(f"{path}: unreadable train state ({exc}); refused") from None
+    step = state.get("step") if isinstance(state, dict) else None
+    named = parse_step(directory.name)
+    if (
+        type(step) is not int
+        or step < 0
+        or step != manifest.step
+        or (named is not None and step != named)
+    ):
+        raise CheckpointCorrupt(
+            f"{path}: step {step!r} is impossible for {directory.name} (manifest step "
+            f"{manifest.step}); refused"
+        )
 
 
 def verify_checksums(directory: Path, manifest: Manifest, files: list[str]) -> None:

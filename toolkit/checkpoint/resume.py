@@ -26,6 +26,7 @@ from toolkit.checkpoint.layout import committed_path
 from toolkit.checkpoint.manifest import (
     CheckpointCorrupt,
     CheckpointTooNew,
+    check_metadata,
     verify_checksums,
     verify_sizes,
 )
@@ -65,6 +66,11 @@ def candidates(storage: Storage, root: Path, cfg: CheckpointConfig) -> list[Cand
     if not cfg.resume_from:
         return own
     explicit = Path(cfg.resume_from).expanduser().resolve()
+    if not explicit.is_dir():
+        raise CheckpointCorrupt(
+            f"checkpoint.resume_from={explicit}: not a directory; point it at a checkpoint "
+            "(RUN_DIR/checkpoints/step-N) or a run directory"
+        )
     if (explicit / "checkpoints").is_dir():  # a run directory: its newest
         steps = committed_steps(storage, explicit / "checkpoints")
         if not steps:
@@ -119,6 +125,7 @@ def _check_share(path: Path, checksums: bool, rank: int, world_size: int) -> tup
         manifest = verify_sizes(path)
         if checksums:
             verify_checksums(path, manifest, sorted(manifest.files)[rank::world_size])
+        check_metadata(path, manifest)
     except CheckpointCorrupt as exc:
         return ("corrupt", str(exc))
     except CheckpointTooNew as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -62,6 +63,52 @@ def _jsonl(path: Path) -> list[dict]:
     return out
 
 
+def last_record(path: Path, block_bytes: int = 1 << 16) -> dict | None:
+    """The last complete JSON object of a JSON-lines file with a "step", read from the end
+    (a block at a time, as far back as needed): `status` on a long run reads kilobytes, not
+    the whole file. A line being written or a malformed one is passed over."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below
+    except OSError:
+        return None
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        tail = b""
+        while end > 0:
+            start = max(0, end - block_bytes)
+            f.seek(start)
+            tail = f.read(end - start) + tail
+            end = start
+            lines = tail.split(b"\n")
+            complete = lines if start == 0 else lines[1:]  # the first may be cut
+            for line in reversed(complete):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("step"), int):
+                    return record
+            tail = lines[0] if start > 0 else b""
+    return None
+
+
+class RunDirUnreadable(Exception):
+    """A run directory's own record is damaged; the message says which file (one line)."""
+
+
+def _json_object(path: Path) -> dict | None:
+    """The JSON object in `path`, None when absent; RunDirUnreadable when it is not one."""
+    if not path.is_file():
+        return None
+    try:
+        value = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError) as exc:
+        raise RunDirUnreadable(f"{path}: unreadable ({exc})") from None
+    if not isinstance(value, dict):
+        raise RunDirUnreadable(f"{path}: not a JSON object but a {type(value).__name__}")
+    return value
+
+
 def _last_checkpoint(run_dir: Path) -> str | None:
     folder = run_dir / "checkpoints"
     committed = sorted(p for p in folder.glob("step-*") if (p / "manifest.json").is_file())
@@ -103,34 +150,40 @@ def _state(summary: dict | None, run_dir: Path, slurm: str | None, restarts: int
 
 
 def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
-    """Everything `toolkit status` and `toolkit runs` show about one run directory."""
+    """Everything `toolkit status` and `toolkit runs` show about one run directory; raises
+    RunDirUnreadable naming the file when one of its records is damaged."""
     run_dir = run_dir.resolve()
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-    launch = OmegaConf.to_container(OmegaConf.load(run_dir / "launch.yaml"))
-    config = OmegaConf.load(run_dir / "config.yaml")
-    steps = _jsonl(run_dir / "metrics" / "rank0.jsonl")
+    summary = _json_object(run_dir / "summary.json")
+    try:
+        launch = OmegaConf.to_container(OmegaConf.load(run_dir / "launch.yaml"))
+        config = OmegaConf.load(run_dir / "config.yaml")
+        total_steps = int(config.trainer.steps)
+    except Exception as exc:  # noqa: BLE001 - YAML, OmegaConf and key errors alike
+        raise RunDirUnreadable(
+            f"{run_dir}: config.yaml or launch.yaml unreadable ({exc})"
+        ) from None
+    last = last_record(run_dir / "metrics" / "rank0.jsonl")
     events = _jsonl(run_dir / "metrics" / "events-rank0.jsonl")
-    restarts = sum(1 for e in events if e.get("name") == "restart")
+    restarts = sum(1 for e in events if isinstance(e, dict) and e.get("name") == "restart")
     job_id = None
-    slurm_record = run_dir / "slurm.json"
-    if slurm_record.is_file():
-        job_id = str(json.loads(slurm_record.read_text())["job_id"])
+    slurm_record = _json_object(run_dir / "slurm.json")
+    if slurm_record is not None and "job_id" in slurm_record:
+        job_id = str(slurm_record["job_id"])
     slurm = slurm_state(job_id) if job_id and ask_slurm and summary is None else None
     info = RunInfo(
         run_dir=str(run_dir),
         state=_state(summary, run_dir, slurm, restarts),
-        total_steps=int(config.trainer.steps),
+        total_steps=total_steps,
         attempts=1 + restarts,
         job_id=job_id,
         slurm_state=slurm,
         last_checkpoint=_last_checkpoint(run_dir),
         overrides=differing_overrides(launch["overrides"], launch.get("choices") or {}, config),
     )
-    if steps:
-        info.steps = int(steps[-1]["step"])
-        info.loss = steps[-1].get("loss")
-        info.tokens_per_s = steps[-1].get("tokens_per_s")
+    if last is not None:
+        info.steps = last["step"]
+        info.loss = last.get("loss")
+        info.tokens_per_s = last.get("tokens_per_s")
     if summary is not None:
         info.steps = summary.get("steps", info.steps)
         info.loss = summary.get("final_loss", info.loss)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
-from toolkit.cli.rundir import RunInfo, find_runs, is_run_dir, read_run
+from toolkit.cli.rundir import RunDirUnreadable, RunInfo, find_runs, is_run_dir, read_run
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -61,7 +62,11 @@ def status(target: str, as_json: bool) -> int:
             f"error: {target}: not a run directory (config.yaml and launch.yaml) nor a known Slurm job"
         )
         return 2
-    info = read_run(path)
+    try:
+        info = read_run(path)
+    except RunDirUnreadable as exc:
+        print(f"error: {exc}; repair or remove that file", file=sys.stderr)
+        return 2
     print(json.dumps(info.as_dict(), indent=2) if as_json else format_status(info))
     return 0
 
@@ -84,7 +89,12 @@ def runs(root: str, as_json: bool) -> int:
     if not path.is_dir():
         print(f"error: {root}: no such directory")
         return 2
-    infos = [read_run(p) for p in find_runs(path)]
+    infos = []
+    for run_dir in find_runs(path):  # one damaged run dir is named, the others still listed
+        try:
+            infos.append(read_run(run_dir))
+        except RunDirUnreadable as exc:
+            print(f"warning: skipped {run_dir}: {exc}", file=sys.stderr)
     if as_json:
         print(json.dumps([i.as_dict() for i in infos], indent=2))
     elif not infos:

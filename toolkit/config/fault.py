@@ -6,6 +6,7 @@ one place what goes wrong, and production configs never carry such fields elsewh
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 HANG_WHERE = ("collective", "outside")
@@ -81,9 +82,12 @@ def problems(cfg: FaultConfig) -> list[str]:
         p.append(f"fault.straggler_rank={cfg.straggler_rank}: must be >= 0 (or null)")
     if cfg.straggler_sleep_s < 0:
         p.append(f"fault.straggler_sleep_s={cfg.straggler_sleep_s}: must be >= 0")
-    if cfg.hang_timeout_s is not None and cfg.hang_timeout_s <= 0:
+    for name, value in vars(cfg).items():  # NaN passes every comparison: refuse it first
+        if isinstance(value, float) and math.isnan(value):
+            p.append(f"fault.{name}=nan: must be a number")
+    if cfg.hang_timeout_s is not None and not cfg.hang_timeout_s > 0:
         p.append(f"fault.hang_timeout_s={cfg.hang_timeout_s}: must be > 0 (or null: the default)")
-    if cfg.hang_startup_timeout_s <= 0:
+    if not cfg.hang_startup_timeout_s > 0:
         p.append(f"fault.hang_startup_timeout_s={cfg.hang_startup_timeout_s}: must be > 0")
     elif cfg.hang_timeout_s is not None and cfg.hang_startup_timeout_s < cfg.hang_timeout_s:
         p.append(

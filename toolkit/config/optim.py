@@ -84,8 +84,10 @@ def problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
             f"optim.compile_step={o.compile_step}: unknown; allowed: "
             + ", ".join(OptimConfig.COMPILE_STEP)
         )
-    if o.lr <= 0:
-        p.append(f"optim.lr={o.lr}: must be > 0")
+    if not (math.isfinite(o.lr) and o.lr > 0):
+        p.append(f"optim.lr={o.lr}: must be a finite number > 0")
+    if not (math.isfinite(o.grad_clip) and o.grad_clip >= 0):
+        p.append(f"optim.grad_clip={o.grad_clip}: must be a finite number >= 0 (0: no clipping)")
     return p + schedule_problems(o)
 
 

@@ -50,6 +50,9 @@ class TelemetryConfig:
     profile_with_stack: bool = False  # Python stacks in the trace (costly)
     profile_cuda_snapshot: bool = False  # GPU memory snapshot per window (CUDA only)
     comm_timing: bool = True  # time collectives per kind and the exposed part in every step
+    # A node agent that dies (killed, out of memory) is started again, up to this many times
+    # per rank: its records and its hang watchdog come back (0: warn and go on without them).
+    agent_restarts: int = 3
 
     def __post_init__(self) -> None:
         # The agent builds one from its spec: a bad value must fail there too.
@@ -70,6 +73,7 @@ def problems(cfg: TelemetryConfig) -> list[str]:
     if not 0 <= cfg.compression_level <= 9:
         p.append(f"telemetry.compression_level={cfg.compression_level}: must be in 0..9")
     p += below_minimum("telemetry", cfg, {"chunk_rows": 16, "max_pending": 0, "close_timeout_s": 0})
+    p += below_minimum("telemetry", cfg, {"agent_restarts": 0})
     p += below_minimum("telemetry", cfg, {"profile_every": 0, "profile_length": 1})
     steps = list(cfg.profile_steps)
     if steps and (len(steps) != 2 or steps[0] < 1 or steps[1] < steps[0]):

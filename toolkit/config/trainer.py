@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +29,28 @@ class TrainerConfig:
     # toolkit's: [{_target_: mypkg.callbacks.MyCallback, arg: 1}], the other keys keyword
     # arguments. A callback's eval_metrics() go into each eval event and summary.json.
     callbacks: list[dict[str, Any]] = field(default_factory=list)
+    # A step whose loss or grad norm is NaN/inf (any rank) is never applied to the weights and
+    # never checkpointed. stop: end the run there (exit 80, one line naming the step);
+    # skip: leave the weights as they were and go on with the next batch.
+    on_nonfinite: str = "stop"
+
+
+NONFINITE_ACTIONS = ("stop", "skip")
 
 
 def problems(t: TrainerConfig, world: int) -> list[str]:
     """Problems with the trainer group for a job of `world` ranks, one line each."""
     p = below_minimum("trainer", t, {"steps": 1, "grad_accum": 1})
+    if t.on_nonfinite not in NONFINITE_ACTIONS:
+        p.append(
+            f"trainer.on_nonfinite={t.on_nonfinite}: use one of {', '.join(NONFINITE_ACTIONS)}"
+            + (" (rollback is not available yet)" if t.on_nonfinite == "rollback" else "")
+        )
+    budget = t.time_budget_s
+    if budget is not None and not (math.isfinite(budget) and budget > 0):
+        p.append(f"trainer.time_budget_s={budget}: must be a positive number of seconds (or null)")
+    if t.target_val_loss is not None and not math.isfinite(t.target_val_loss):
+        p.append(f"trainer.target_val_loss={t.target_val_loss}: must be a finite number (or null)")
     if t.grad_accum < 1:
         return p
     if t.global_batch_size is not None:

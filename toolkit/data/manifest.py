@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 MANIFEST = "manifest.json"
 TIMES = "times.npy"
@@ -94,18 +94,78 @@ def read_manifest(root: str | Path) -> Manifest:
         ) from exc
     if manifest.format not in FORMATS:
         raise DataError(f"{path}: format={manifest.format}: unknown; allowed: {', '.join(FORMATS)}")
+    check_consistent(path, manifest)
+    for rel in listed_paths(manifest):
+        inside(root, rel, path)
     return manifest
+
+
+def listed_paths(manifest: Manifest) -> list[str]:
+    """Every path the manifest names: the parts and their further files, the moments."""
+    paths = [p for part in manifest.parts for p in (part.path, *part.extra)]
+    return paths + ([manifest.moments] if manifest.moments is not None else [])
+
+
+def inside(root: Path, rel: str, listed_in: Path) -> Path:
+    """`root / rel`, once `rel` names a path inside the dataset directory: relative, no
+    `..`, no symlink leading out. Raises DataError naming the manifest otherwise."""
+    pure = PurePosixPath(rel) if isinstance(rel, str) else None
+    if pure is None or not rel or pure.is_absolute() or ".." in pure.parts:
+        raise DataError(
+            f"{listed_in}: lists {rel!r}, a path outside the dataset directory; refused "
+            "(paths are relative to the dataset directory, without '..')"
+        )
+    path = root / rel
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise DataError(f"{listed_in}: lists {rel!r}, a symlink leading out of {root}; refused")
+    return path
+
+
+def check_consistent(path: Path, m: Manifest) -> None:
+    """The manifest agrees with itself: a [time, instrument, feature] shape that the names,
+    the parts' time ranges and the chunk fit, and a numeric dtype."""
+    shape_ok = len(m.shape) == 3 and all(type(n) is int and n >= 0 for n in m.shape)
+    problem = None
+    if not shape_ok:
+        problem = f"shape {m.shape} is not [time, instrument, feature] sizes"
+    elif len(m.features) != m.shape[2]:
+        problem = f"{len(m.features)} feature names for a shape of {m.shape[2]} features"
+    elif len(m.instruments) != m.shape[1]:
+        problem = f"{len(m.instruments)} instruments for a shape of {m.shape[1]}"
+    elif len(m.chunk) != 3 or not all(type(n) is int and n >= 1 for n in m.chunk):
+        problem = f"chunk {m.chunk} is not three positive sizes"
+    elif not _numeric(m.dtype):
+        problem = f"dtype {m.dtype!r} is not a numeric type (float or integer)"
+    else:
+        for part in m.parts:
+            if not 0 <= part.time_start < part.time_stop <= m.shape[0]:
+                problem = (
+                    f"part {part.path!r} holds time steps [{part.time_start}, {part.time_stop}), "
+                    f"outside the shape's {m.shape[0]}"
+                )
+                break
+    if problem is not None:
+        raise DataError(f"{path}: {problem}; prepare the dataset again")
+
+
+def _numeric(dtype: str) -> bool:
+    import numpy as np
+
+    try:
+        return np.dtype(dtype).kind in "fiu"
+    except TypeError:
+        return False
 
 
 def check_files(root: str | Path, manifest: Manifest) -> None:
     """Every file the manifest lists exists and has the size it was written with."""
     root = Path(root)
     for name in (TIMES, manifest.moments):
-        if name is not None and not (root / name).is_file():
+        if name is not None and not inside(root, name, root / MANIFEST).is_file():
             raise DataError(f"{root / name}: missing; prepare the dataset again")
     for part in manifest.parts:
         for rel, expected in [(part.path, part.num_bytes)] + [(e, None) for e in part.extra]:
-            path = root / rel
+            path = inside(root, rel, root / MANIFEST)
             if not path.is_file():
                 raise DataError(
                     f"{path}: missing (listed in {root / MANIFEST}); restore it or prepare "

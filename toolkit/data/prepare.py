@@ -26,6 +26,24 @@ from toolkit.data.manifest import DataError, Manifest
 from toolkit.data.writer import DatasetWriter, write_dataset
 
 SUFFIXES = (".csv", ".parquet", ".npy", ".npz")
+NONFINITE = ("refuse", "mask")  # an observed inf: refuse the source, or mark it missing
+
+
+def check_finite(values: np.ndarray, mask: np.ndarray, where: Path, nonfinite: str) -> None:
+    """An infinite observed value is refused in one line naming the first (NaN is a missing
+    value already), or with nonfinite="mask" marked missing like NaN (in place)."""
+    bad = np.isinf(values) & mask.astype(bool)
+    if not bad.any():
+        return
+    if nonfinite == "mask":
+        mask[bad] = 0
+        values[bad] = np.nan
+        return
+    t, i, f = (int(x) for x in np.argwhere(bad)[0])
+    raise DataError(
+        f"{where}: {int(bad.sum())} infinite value(s), the first at time row {t}, instrument "
+        f"{i}, feature {f}; fix the source, or pass --nonfinite=mask to treat them as missing"
+    )
 
 
 def source_files(src: Path) -> list[Path]:
@@ -113,7 +131,14 @@ def _pivot(table, times, instruments, features, time_column, instrument_column, 
     values = np.full((len(times), len(instruments), len(features)), np.nan, np.float32)
     mask = np.zeros(values.shape, np.uint8)
     for j, feature in enumerate(features):
-        col = table.column(feature).cast(pa.float32())
+        column = table.column(feature)
+        try:
+            col = column.cast(pa.float32())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            raise DataError(
+                f"{where}: feature column {feature!r} holds {column.type}, not numbers; convert "
+                "it to numbers or drop it from the source"
+            ) from None
         values[t_idx, i_idx, j] = col.to_numpy(zero_copy_only=False)
         mask[t_idx, i_idx, j] = pc.is_valid(col).to_numpy(zero_copy_only=False)
     mask[np.isnan(values) & mask.astype(bool)] = 0  # a NaN cell in a source is a missing value
@@ -127,6 +152,7 @@ def prepare_long(
     chunk_len: int | None,
     time_column: str = "time",
     instrument_column: str = "instrument",
+    nonfinite: str = "refuse",
 ) -> Manifest:
     """Two passes: the key columns of every file (the time index and the instrument
     universe), then one file at a time, pivoted and appended in time order. Memory holds one
@@ -163,6 +189,7 @@ def prepare_long(
                 instrument_column,
                 group[0] if len(group) == 1 else group[0].parent,
             )
+            check_finite(values, mask, group[0] if len(group) == 1 else group[0].parent, nonfinite)
             writer.append(values, mask)
     return writer.manifest
 
@@ -208,6 +235,7 @@ def prepare(
     chunk_len: int | None = None,
     time_column: str = "time",
     instrument_column: str = "instrument",
+    nonfinite: str = "refuse",
 ) -> Manifest:
     if Path(out).exists():  # before reading a large source
         raise DataError(f"{out}: already exists; remove it or choose another output directory")
@@ -216,7 +244,8 @@ def prepare(
         if len(files) > 1:
             raise DataError(f"{src}: one NumPy file at a time")
         values, mask, times, instruments, features = from_numpy(files[0])
+        check_finite(values, mask, files[0], nonfinite)
         return write_dataset(
             out, values, mask, times, instruments, features, fmt=fmt, chunk_len=chunk_len
         )
-    return prepare_long(files, Path(out), fmt, chunk_len, time_column, instrument_column)
+    return prepare_long(files, Path(out), fmt, chunk_len, time_column, instrument_column, nonfinite)

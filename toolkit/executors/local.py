@@ -6,6 +6,7 @@ Rank 0 writes to this terminal; every other rank to RUN_DIR/logs/rank<k>.{out,er
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 from toolkit.config.shape import tasks_per_node
 from toolkit.distributed.env import free_port
 from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
-from toolkit.executors import PreparedRun, repo_root
+from toolkit.executors import PreparedRun, repo_root, rundir_lock
 from toolkit.fault.hang import hang_summaries
 from toolkit.redact import redact
 
@@ -44,11 +45,42 @@ def rank_env(
     return env
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def end_with(launcher_pid: int):
+    """A preexec_fn for a rank: SIGTERM it when its launcher dies, however (Linux's
+    PR_SET_PDEATHSIG), which the rank takes as a preemption: it checkpoints at the next step
+    and ends, instead of running on unsupervised. Elsewhere a no-op."""
+
+    def arm() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != launcher_pid:  # it died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def interrupted_line(run_dir: Path, cut_off: bool) -> str:
+    """What an interrupted run left: whether a save was cut off, the newest commit."""
+    from toolkit.checkpoint.layout import MANIFEST
+
+    committed = sorted(
+        p for p in (run_dir / "checkpoints").glob("step-*") if (p / MANIFEST).is_file()
+    )
+    newest = f"newest committed checkpoint {committed[-1]}" if committed else "no checkpoint"
+    cut = "; ranks still running after launch.kill_grace_s were killed" if cut_off else ""
+    return f"interrupted: all ranks stopped{cut}; {newest}; relaunch into {run_dir} to resume"
 
 
 class LocalExecutor:
@@ -83,6 +115,8 @@ class LocalExecutor:
         """Hand the supervision to a background process of its own and return."""
         logs = run.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        lock_fd = rundir_lock.held_fd(run.run_dir)  # the supervisor and its ranks hold it on
+        handed = {rundir_lock.ENV_FD: str(lock_fd)} if lock_fd is not None else {}
         with open(logs / "supervisor.out", "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "toolkit.executors.local", str(run.run_dir)],
@@ -90,7 +124,8 @@ class LocalExecutor:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env=rank_env(0, 1, 0, run.run_dir) | {"RANK": "", "WORLD_SIZE": ""},
+                env=rank_env(0, 1, 0, run.run_dir) | {"RANK": "", "WORLD_SIZE": ""} | handed,
+                pass_fds=() if lock_fd is None else (lock_fd,),
             )
         print(f"detached: supervisor pid {proc.pid}; logs in {logs}", flush=True)
         return 0
@@ -104,6 +139,8 @@ class LocalExecutor:
         logs.mkdir(parents=True, exist_ok=True)
         procs: list[subprocess.Popen] = []
         files = []
+        # Every rank holds the run dir's lock too: it is free only when the last one ends.
+        lock_fd = rundir_lock.held_fd(run.run_dir)
         started = time.time()
         for rank in range(world):
             if rank == 0 and follow:
@@ -119,13 +156,24 @@ class LocalExecutor:
                     stdout=out,
                     stderr=err,
                     stdin=subprocess.DEVNULL,
+                    pass_fds=() if lock_fd is None else (lock_fd,),
+                    preexec_fn=end_with(os.getpid()),
                 )
             )
         try:
             code, failed = self._supervise(procs, job.launch.kill_grace_s)
         except KeyboardInterrupt:
-            self._terminate(procs, job.launch.kill_grace_s)
-            print("interrupted: all ranks stopped", file=sys.stderr)
+            print(
+                "interrupted: the ranks stop at their next step and checkpoint "
+                "(Ctrl-C again to kill them)",
+                file=sys.stderr,
+                flush=True,
+            )
+            try:
+                cut_off = self._terminate(procs, job.launch.kill_grace_s)
+            except KeyboardInterrupt:
+                cut_off = self._terminate(procs, 0.0)
+            print(interrupted_line(run.run_dir, cut_off), file=sys.stderr)
             return 130
         finally:
             for f in files:
@@ -164,17 +212,21 @@ class LocalExecutor:
             time.sleep(POLL_S)
 
     @staticmethod
-    def _terminate(procs: list[subprocess.Popen], grace_s: float) -> None:
+    def _terminate(procs: list[subprocess.Popen], grace_s: float) -> bool:
+        """SIGTERM the ranks, SIGKILL those still running after grace_s; whether any was."""
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.time() + grace_s
+        killed = False
         for p in procs:
             try:
                 p.wait(timeout=max(0.0, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+                killed = True
+        return killed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.config.compose import load_job
 
     run_dir = Path((argv or sys.argv[1:])[0]).resolve()
+    rundir_lock.adopt(run_dir, dict(os.environ))
     job = load_job(run_dir / "config.yaml")
     return LocalExecutor().run_one(PreparedRun(job, run_dir, []), follow=False)
 

@@ -56,6 +56,8 @@ class SignalFlag:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
+        elif signum == signal.SIGINT:  # a second Ctrl-C: stop waiting for the step boundary
+            signal.default_int_handler(signum, frame)
 
     @property
     def name(self) -> str:
@@ -206,7 +208,10 @@ class PreemptionHook(Hook):
         self.saver = saver
         self.sink = sink
         self.policy = policy
-        self.signals = sorted({signal_number(policy.signal_name), int(signal.SIGTERM)})
+        # Ctrl-C (SIGINT to the terminal's process group) stops like a preemption too.
+        self.signals = sorted(
+            {signal_number(policy.signal_name), int(signal.SIGTERM), int(signal.SIGINT)}
+        )
         self.num_votes = len(self.signals)
         self.flag: SignalFlag | None = None
         self._received: str | None = None

@@ -22,7 +22,7 @@ from submitit.core.utils import FailedJobError
 
 from toolkit.config.shape import tasks_per_node
 from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
-from toolkit.executors import PreparedRun, repo_root
+from toolkit.executors import PreparedRun, repo_root, rundir_lock
 from toolkit.executors.slurm_exclude import JobShape, RequeueWatch
 from toolkit.executors.slurm_jobs import (
     JobState,
@@ -145,6 +145,7 @@ def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
             "sbatch_script": str(submission.folder / f"{job_id.split('_')[0]}_submission.sh"),
         }
         (run.run_dir / "slurm.json").write_text(json.dumps(record, indent=2) + "\n")
+        rundir_lock.record_slurm(run.run_dir, job_id)  # the job holds the run dir now
     return job_ids
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 from toolkit.config.job import JobConfig
@@ -64,3 +65,36 @@ def predict_job(job: JobConfig, world: int | None = None) -> Prediction:
     stall = checkpoint_stall_s(job, p.memory["params_bytes"] + p.memory["optimizer_bytes"])
     time = {**p.time, "checkpoint_stall_s": stall, "step_s": float(p.time["step_s"]) + stall}
     return replace(p, time=time)
+
+
+# The memory model's peak is an estimate (docs/perfmodel.md): a job is refused at launch only
+# when its peak is well past the device, and warned about when just past it.
+REFUSE_OVER_CAPACITY = 1.5
+
+
+def memory_problems(job: JobConfig, world: int) -> list[str]:
+    """The launcher's check that the job fits its devices' memory (toolkit.perfmodel.memory):
+    one line naming the peak, the capacity and the largest term, before any rank starts to
+    fail in the allocator. Models the memory model does not cover are not checked."""
+    try:
+        p = predict(job.model, layout_from_job(job, world), job.hardware)
+    except Exception:  # noqa: BLE001 - no model of this job's memory: nothing to check
+        return []
+    if p.fits:
+        return []
+    m = p.memory
+    t = job.trainer
+    field = (
+        f"trainer.micro_batch_size={t.micro_batch_size}"
+        if t.global_batch_size is None
+        else f"trainer.global_batch_size={t.global_batch_size}"
+    )
+    what = (
+        f"{field}: {p.does_not_fit()} "
+        f"(hardware={job.hardware.name}); lower trainer.micro_batch_size or data.seq_len, "
+        "raise trainer.grad_accum, or set parallel.activation_checkpointing=true"
+    )
+    if m["peak_bytes"] > REFUSE_OVER_CAPACITY * m["capacity_bytes"]:
+        return [what]
+    warnings.warn(f"may not fit in memory: {what}", stacklevel=2)
+    return []

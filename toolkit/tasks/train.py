@@ -24,8 +24,8 @@ from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import local_param_bytes, parallelize
 from toolkit.distributed.mesh import build_mesh, data_parallel_mesh, record_layout
 from toolkit.distributed.tensor_parallel import loss_context
-from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
-from toolkit.events import Fanout, JsonlSink, Sink
+from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, USER_ERROR_EXITS, UserError
+from toolkit.events import Fanout, JsonlSink, Sink, json_safe
 from toolkit.hooks import Hook
 from toolkit.kernels.liger import resolve as resolve_kernels
 from toolkit.perfmodel import balanced_split, layer_costs
@@ -355,14 +355,17 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
     try:
         summary = trainer.fit()
         summary["run_dir"] = str(run_dir)
-        if env.is_rank0:  # before the sinks close: the trackers upload it
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        if env.is_rank0:  # before the sinks close: the trackers upload it; NaN -> null
+            (run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
     finally:
         trainer.sink.close()
         if trainer.comm_timer is not None:
             trainer.comm_timer.uninstall()
     if env.is_rank0:
         print_summary(summary)
+    stop = trainer.stop
+    if stop is not None and stop.exit_code in USER_ERROR_EXITS:  # e.g. a non-finite loss
+        raise UserError(stop.reason, stop.exit_code)  # one line from rank 0, no traceback
     return summary
 
 

@@ -96,3 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(exc).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 1
+    except OSError as exc:  # e.g. a full disk under --out: one line, not a traceback
+        where = exc.filename or getattr(args, "out", None) or args.run_dir
+        print(
+            f"error: {where}: {exc.strerror or exc}; free space there or write elsewhere (--out DIR)",
+            file=sys.stderr,
+        )
+        return 1

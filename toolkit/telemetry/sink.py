@@ -52,15 +52,47 @@ class TelemetrySink:
         path: str,
         agent: subprocess.Popen | None = None,
         heartbeat: Heartbeat | None = None,
+        spec: AgentSpec | None = None,
     ):
         self.cfg = cfg
         self.rank = rank
         self.sender = Sender(path, cfg.max_pending)
         self.agent = agent
         self.heartbeat = heartbeat  # read by the agent's hang watchdog
+        self.spec = spec  # how the agent was started: to start it again if it dies
+        self.agent_restarts = 0
 
     def write_step(self, record: StepRecord) -> None:
         self.sender.send({"kind": "step", **dataclasses.asdict(record)})
+        if self.agent is not None and self.agent.poll() is not None:  # waitpid, no blocking
+            self._agent_died()
+
+    def _agent_died(self) -> None:
+        """The node agent exited while training runs: start it again (its records queued in
+        the sender reach the new one; its hang watchdog resumes), or go on without it."""
+        assert self.agent is not None
+        pid, code = self.agent.pid, self.agent.returncode
+        if self.spec is None or self.agent_restarts >= self.cfg.agent_restarts:
+            log.error(
+                "telemetry: node agent (pid %d) exited with %s; not restarted "
+                "(telemetry.agent_restarts=%d): no more node telemetry and no hang watchdog",
+                pid,
+                code,
+                self.cfg.agent_restarts,
+            )
+            self.agent = None
+            return
+        self.agent_restarts += 1
+        self.agent = start_agent(self.spec, Path(self.spec.run_dir), self.spec.node)
+        log.warning(
+            "telemetry: node agent (pid %d) exited with %s; restarted as pid %d (%d of %d); "
+            "the records of the time it was down may be missing",
+            pid,
+            code,
+            self.agent.pid,
+            self.agent_restarts,
+            self.cfg.agent_restarts,
+        )
 
     def write_event(self, event: Event) -> None:
         self.sender.send({"kind": "event", **dataclasses.asdict(event)})
@@ -162,6 +194,7 @@ def build_telemetry_sinks(
                 watchdog=watchdog,
             )
             agent = start_agent(spec, run_dir, node)
+            return [TelemetrySink(cfg, env.rank, path, agent, heartbeat, spec)]
         return [TelemetrySink(cfg, env.rank, path, agent, heartbeat)]
     except Exception:  # noqa: BLE001 - no telemetry is better than no training
         log.exception("telemetry: could not start on rank %d; continuing without it", env.rank)

@@ -28,7 +28,7 @@ from toolkit.config.fault import FaultConfig
 from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
 from toolkit.distributed.commtime import CommTimer
-from toolkit.errors import EXIT_RESUME_REFUSED, UserError
+from toolkit.errors import EXIT_NONFINITE, EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
 from toolkit.hooks import Hook, Stop, split_votes
 from toolkit.train.data import Loader
@@ -109,6 +109,7 @@ class Trainer:
         self.losses: list[float] = []
         self.records: list[StepRecord] = []
         self.stop: Stop | None = None
+        self.nonfinite = False  # the last step's loss or grad norm was NaN/inf (not applied)
         self._started = time.time()
         plan = loader.plan
         self.tokens_per_step = plan.global_batch_size * plan.seq_len
@@ -201,27 +202,40 @@ class Trainer:
         for hook in self.hooks:
             hook.before_optimizer_step(self)
         t_hooks = time.perf_counter()
-        self.optimizer.step()
+        exposed_so_far = self.comm_timer.exposed_s if self.comm_timer is not None else 0.0
+        # One all-reduce over every rank (all pipeline stages) carries the loss, a non-finite
+        # flag and every stop vote; .tolist() syncs the device. Ranks without a loss (not the
+        # last pipeline stage) add 0: the mean divides by the ranks that hold one. It comes
+        # before the optimizer step so that a NaN/inf loss or grad norm (the norm is global
+        # already) on any rank is never applied to the weights: no extra sync for the guard.
+        votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
+        norm_ok = torch.isfinite(torch.as_tensor(grad_norm)).to(self.device)
+        nonfinite = ~(torch.isfinite(loss_sum.detach()) & norm_ok)
+        self.faults.before_all_reduce(self.state.step)
+        summed = torch.cat(
+            [
+                loss_sum.view(1),
+                nonfinite.view(1).to(loss_sum.dtype),
+                torch.tensor(votes, device=self.device),
+            ]
+        )
+        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
+        values = summed.tolist()
+        t_reduced = time.perf_counter()
+        self.nonfinite = values[1] > 0
+        if not self.nonfinite:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         t_opt = time.perf_counter()
-        exposed_so_far = self.comm_timer.exposed_s if self.comm_timer is not None else 0.0
-        # One all-reduce over every rank (all pipeline stages) carries the loss and every
-        # stop vote; .tolist() syncs the device. Ranks without a loss (not the last pipeline
-        # stage) add 0: the mean divides by the ranks that hold one.
-        votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
-        self.faults.before_all_reduce(self.state.step)
-        summed = torch.cat([loss_sum.view(1), torch.tensor(votes, device=self.device)])
-        dist.all_reduce(summed, op=dist.ReduceOp.SUM)
-        values = summed.tolist()
-        t2 = time.perf_counter()
         self.phases = {
             "compute": t_clip - t0,
             "checkpoint_stall": t_hooks - t_clip,
-            "optimizer_step": t_opt - t_hooks,
+            "optimizer_step": t_opt - t_reduced,
             "exposed_before_votes": exposed_so_far,
         }
-        return values[0] / self.strategy.loss_ranks, float(grad_norm), t1 - t0, t2 - t1, values[1:]
+        loss = values[0] / self.strategy.loss_ranks
+        return loss, float(grad_norm), t1 - t0, t_opt - t1, values[2:]
 
     def _breakdown(self, step_time: float, data_wait: float) -> dict[str, float]:
         """Where the step went: the StepRecord fields that add up to step_time_s. Exposed
@@ -325,6 +339,11 @@ class Trainer:
                 self.losses.append(loss)
                 self.records.append(record)
                 self.sink.write_step(record)
+                if self.nonfinite:
+                    stop = self._nonfinite_stop(loss, grad_norm)
+                    if stop is not None:  # no hook sees this step: nothing is saved from it
+                        stopped_by_hook = True
+                        break
                 self._beat("hooks")
                 for hook, share in zip(self.hooks, split_votes(self.hooks, votes[1:]), strict=True):
                     stop = hook.after_step(self, record, share) or stop
@@ -352,6 +371,21 @@ class Trainer:
                 hook.on_end(self)
         self._beat("end")
         return self.summary(time.time() - self._started, val_loss)
+
+    def _nonfinite_stop(self, loss: float, grad_norm: float) -> Stop | None:
+        """The step just taken had a NaN/inf loss or grad norm (on some rank) and was not
+        applied: stop the run there, or go on (trainer.on_nonfinite)."""
+        what = f"non-finite loss ({loss:.4g}) or grad norm ({grad_norm:.4g}) at step {self.step}"
+        if self.cfg.on_nonfinite == "skip":
+            log.warning("%s: step skipped, weights unchanged (trainer.on_nonfinite=skip)", what)
+            return None
+        return Stop(
+            f"trainer: {what}; the run stopped there and nothing was committed from it (the "
+            "newest checkpoint holds the last finite state): lower optim.lr or "
+            "optim.grad_clip, or set trainer.on_nonfinite=skip",
+            exit_code=EXIT_NONFINITE,
+            save=False,
+        )
 
     def _beat(self, phase: str) -> None:
         """Progress for the watchdog; before the first step of this run completes, every

@@ -46,6 +46,7 @@ class Verdict:
     predicted: dict[str, float]  # seconds per step, performance model
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    measured: bool = True  # False: no rank's step time reached the telemetry (nothing to split)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -125,6 +126,7 @@ def diagnose(
         dominant_share=seconds.get(dominant, 0.0) / total,
         terms=terms if terms is not None else (measured_terms(series) if series else {}),
         predicted=predicted,
+        measured=sum(seconds.values()) > 0,
     )
     if model_note:
         verdict.notes.append(model_note)
@@ -293,7 +295,7 @@ def diagnose(
     if "straggler" in kinds and "communication" in kinds:
         straggler = findings.pop(kinds.index("straggler"))
         findings.insert(min(kinds.index("communication"), len(findings)), straggler)
-    if not findings:
+    if not findings and verdict.measured:
         findings.append(
             Finding(
                 dominant,
@@ -311,13 +313,21 @@ def diagnose(
 
 def summary_lines(v: Verdict) -> list[str]:
     """The diagnosis as a few lines of text (terminal and HTML)."""
-    lines = [f"dominant cost: {v.dominant} ({100 * v.dominant_share:.0f}% of the ranks' time)"]
+    if v.measured:
+        lines = [f"dominant cost: {v.dominant} ({100 * v.dominant_share:.0f}% of the ranks' time)"]
+    else:  # say that the data is missing, not "compute (0%)"
+        lines = [
+            "dominant cost: not measured: no step records reached the node telemetry (was "
+            "the node agent killed? see RUN_DIR/logs/telemetry-<node>.log and the ranks' logs)"
+        ]
     if v.predicted:
         parts = []
         for term in ("step", "compute", "communication", "optimizer", "data_wait"):
             got, want = v.terms.get(term, float("nan")), v.predicted.get(term, float("nan"))
             ratio = f" (x{got / want:.1f})" if want > 0 and np.isfinite(got) else ""
-            parts.append(f"{term} {1000 * got:.1f} ms vs model {1000 * want:.2f} ms{ratio}")
+            measured = f"{1000 * got:.1f} ms" if np.isfinite(got) else "not measured"
+            model = f"{1000 * want:.2f} ms" if np.isfinite(want) else "not modelled"
+            parts.append(f"{term} {measured} vs model {model}{ratio}")
         lines.append("measured vs model per step: " + "; ".join(parts))
     for i, f in enumerate(v.findings, 1):
         lines.append(f"{i}. {f.what} -> {f.action}")

@@ -1,0 +1,49 @@
+"""NaN passes every comparison, so each group refuses it (and negative values) by name:
+one line before any rank starts, instead of a run that diverges or never times out."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.config.test_validation import job
+from toolkit.config.errors import ConfigError
+from toolkit.config.validate import validate
+
+REFUSED = [
+    ("optim.lr=nan", "optim.lr=nan: must be a finite number > 0"),
+    ("optim.lr=inf", "optim.lr=inf: must be a finite number > 0"),
+    ("optim.grad_clip=-1", "optim.grad_clip=-1.0: must be a finite number >= 0 (0: no clipping)"),
+    ("optim.grad_clip=nan", "optim.grad_clip=nan: must be a finite number >= 0 (0: no clipping)"),
+    ("fault.hang_timeout_s=nan", "fault.hang_timeout_s=nan: must be a number"),
+    ("fault.hang_timeout_s=-3", "fault.hang_timeout_s=-3.0: must be > 0 (or null: the default)"),
+    (
+        "trainer.time_budget_s=nan",
+        "trainer.time_budget_s=nan: must be a positive number of seconds (or null)",
+    ),
+    (
+        "trainer.time_budget_s=-1",
+        "trainer.time_budget_s=-1.0: must be a positive number of seconds (or null)",
+    ),
+    (
+        "trainer.target_val_loss=nan",
+        "trainer.target_val_loss=nan: must be a finite number (or null)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), REFUSED, ids=[o for o, _ in REFUSED])
+def test_nan_and_negative_values_are_refused_by_name(override, message) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(job(override))
+    assert message in err.value.problems
+
+
+def test_a_batch_far_past_the_device_memory_is_refused_naming_the_largest_term() -> None:
+    from toolkit.launch import RUNTIME_CHECKS
+
+    with pytest.raises(ConfigError) as err:
+        validate(job("model=gpt_tiny", "trainer.micro_batch_size=100000"), RUNTIME_CHECKS)
+    (line,) = err.value.problems
+    assert line.startswith("trainer.micro_batch_size=100000: does not fit: peak ")
+    assert "largest term activations" in line and "(hardware=cpu)" in line
+    validate(job("model=gpt_tiny", "trainer.micro_batch_size=8"), RUNTIME_CHECKS)  # fits
