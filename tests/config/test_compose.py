@@ -23,6 +23,8 @@ def test_group_option_composes(group: str, option: str) -> None:
         overrides.append("data=returns")
     if group == "data" and option == "returns":
         overrides.append("model=ts_transformer")
+    if group == "data" and option == "dataset":  # your own Dataset: named by import path
+        overrides.append("data._target_=torch.utils.data.TensorDataset")
     if group == "parallel" and option == "hsdp":
         overrides.append("cluster.tasks_per_node=4")
     job = to_job(compose_raw(overrides))
