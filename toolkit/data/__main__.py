@@ -1,4 +1,5 @@
-"""`python -m toolkit.data prepare SRC OUT [--format hdf5|parquet|npy] [--chunk-len N]`,
+"""`python -m toolkit.data prepare SRC OUT [--format hdf5|parquet|npy] [--chunk-len N]
+[--layout series]`,
 `python -m toolkit.data inspect OUT`, `python -m toolkit.data synthetic OUT [--times T]
 [--instruments N] [--format F]`. A bad input is one line on stderr and exit status 1."""
 
@@ -20,6 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--chunk-len", type=int, default=None, help="time steps per chunk")
     prep.add_argument("--time-column", default="time")
     prep.add_argument("--instrument-column", default="instrument")
+    prep.add_argument(
+        "--layout",
+        choices=["series"],
+        default=None,
+        help="a 3-D .npy is [time, instrument, feature] series (required for one)",
+    )
     insp = sub.add_parser("inspect", help="shapes, ranges, missing values, statistics")
     insp.add_argument("out")
     syn = sub.add_parser("synthetic", help="write the synthetic factor-model market")
@@ -40,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.chunk_len,
                 args.time_column,
                 args.instrument_column,
+                args.layout,
             )
             print(f"wrote {args.out}: {m.format}, shape {m.shape}, chunk {m.chunk}")
         elif args.command == "synthetic":
