@@ -141,3 +141,14 @@ def test_an_iterable_stream_with_workers_keeps_its_state_across_a_restart():
     again.load_state_dict(state)
     assert torch.equal(next(again)[1][0][0], want)
     again.close()
+
+
+def test_the_launcher_refuses_a_dataset_or_collate_that_does_not_import_in_one_line():
+    from toolkit.train.targets import dataset_import_problems
+
+    assert dataset_import_problems(job(*NOISY, *SHAPE), 1) == []
+    bad = job("data._target_=userpkg.datasets.Missing", "+data.collate_fn=userpkg.nowhere.f")
+    found = dataset_import_problems(bad, 1)
+    assert len(found) == 2
+    assert found[0].startswith("data._target_=userpkg.datasets.Missing: cannot import it")
+    assert found[1].startswith("data.collate_fn=userpkg.nowhere.f: cannot import it")
