@@ -86,3 +86,24 @@ def test_the_checkpoint_resumes_on_another_world_size_with_the_same_batches(refe
     for step, loss in resumed.items():  # the same samples; only the reduction order differs
         assert loss == pytest.approx(losses(reference)[step], rel=1e-4)
     assert events(tmp_path / "one", "restart")[0]["attrs"]["saved_world_size"] == 2
+
+
+STREAM = [
+    "data._target_=userpkg.datasets.SeriesStream",
+    "~data.length",
+    "data.val_fraction=0.0",
+    "trainer.eval_batches=0",
+    "trainer.steps=4",
+]
+
+
+@pytest.mark.slow
+def test_an_iterable_dataset_resumes_from_its_saved_stream_state_bitwise(tmp_path):
+    done = launch(tmp_path / "stream", *STREAM)
+    assert done.returncode == 0, done.stderr
+    source = tmp_path / "stream" / "checkpoints" / "step-00000002"
+    done = launch(tmp_path / "resumed", *STREAM, f"checkpoint.resume_from={source}")
+    assert done.returncode == 0, done.stderr
+    reference, resumed = losses(tmp_path / "stream"), losses(tmp_path / "resumed")
+    assert sorted(resumed) == [3, 4]
+    assert resumed == {s: reference[s] for s in resumed}  # the stream continued where it was
