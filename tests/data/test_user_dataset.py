@@ -152,3 +152,26 @@ def test_the_launcher_refuses_a_dataset_or_collate_that_does_not_import_in_one_l
     assert len(found) == 2
     assert found[0].startswith("data._target_=userpkg.datasets.Missing: cannot import it")
     assert found[1].startswith("data.collate_fn=userpkg.nowhere.f: cannot import it")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned batches need CUDA")
+@pytest.mark.parametrize("target", ["NoisySeries", "SeriesStream"])
+def test_batches_for_a_gpu_come_in_pinned_memory(target):
+    """data.pin_memory on a CUDA device: map-style and stream micro-batches (any collate's
+    structure, here a dict) arrive page-locked, for the step's non-blocking copies."""
+    extra = ["+data.length=40"] if target == "NoisySeries" else []
+    data = job(
+        f"data._target_=userpkg.datasets.{target}",
+        "+data.seq_len=8",
+        "+data.window=8",
+        *extra,
+        *SHAPE,
+        "+data.collate_fn=userpkg.datasets.dict_collate",
+    ).data
+    loader, _ = build_loaders(data, plan(1, 0), True)
+    try:
+        _, [micro] = next(loader)
+        assert micro["x"].is_pinned() and micro["y"].is_pinned()
+    finally:
+        loader.close()
