@@ -36,7 +36,7 @@ from toolkit.perfmodel.job import memory_problems
 from toolkit.redact import redact
 from toolkit.tasks import task_problems
 from toolkit.train.model_checks import model_problems
-from toolkit.train.targets import callback_problems, optimizer_problems
+from toolkit.train.targets import callback_problems, dataset_import_problems, optimizer_problems
 
 # Checks that need the runtime's knowledge (task names, NCCL's variables, which kernels can
 # run where the ranks run, whether your own optimizer and callbacks import, whether the
@@ -47,6 +47,7 @@ RUNTIME_CHECKS: list[RuntimeCheck] = [
     kernel_problems,
     optimizer_problems,
     callback_problems,
+    dataset_import_problems,
     model_problems,
     memory_problems,
 ]

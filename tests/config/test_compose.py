@@ -23,6 +23,15 @@ def test_group_option_composes(group: str, option: str) -> None:
         overrides.append("data=returns")
     if group == "data" and option == "returns":
         overrides.append("model=ts_transformer")
+    if group == "data" and option == "dataset":  # your own Dataset: named by import path
+        overrides.append("data._target_=torch.utils.data.TensorDataset")
+    # The options that name your own object need the object (or a registered kind).
+    if (group, option) == ("model", "target"):
+        overrides.append("model._target_=torch.nn.Linear")
+    if (group, option) == ("optim", "target"):
+        overrides.append("optim._target_=torch.optim.SGD")
+    if (group, option) == ("model", "plugin"):
+        overrides.append("model.kind=my_registered_model")
     if group == "parallel" and option == "hsdp":
         overrides.append("cluster.tasks_per_node=4")
     job = to_job(compose_raw(overrides))

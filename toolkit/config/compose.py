@@ -84,7 +84,8 @@ def compose_raw(overrides: list[str], config_dirs: Sequence[str | os.PathLike] =
         raise ConfigError(explain(exc, overrides, config_dirs)) from None
 
 
-TARGET_OPTION = "target"  # conf/<group>/target.yaml: `_target_: ???`
+# The option of each group whose node is `_target_: ???` (conf/<group>/<option>.yaml).
+TARGET_OPTIONS = {"model": "target", "optim": "target", "data": "dataset"}
 PLUGIN_OPTION = "plugin"  # conf/<group>/plugin.yaml: `kind: ???` (a registered kind)
 
 
@@ -101,7 +102,7 @@ def target_overrides(overrides: list[str]) -> list[str]:
             continue
         kind = next((v for k, v in zip(keys, values, strict=True) if k == f"{group}.kind"), None)
         if f"{group}._target_" in keys and group in TARGET_SCHEMAS:
-            out.insert(0, f"{group}={TARGET_OPTION}")
+            out.insert(0, f"{group}={TARGET_OPTIONS[group]}")
         elif kind is not None and kind not in GROUP_KINDS.get(group, {kind: None}):
             out.insert(0, f"{group}={PLUGIN_OPTION}")
         else:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from toolkit.config.errors import below_minimum, not_one_of
 from toolkit.config.model import ModelConfig, display_name, max_seq_len, supports, vocab_size
+from toolkit.config.targets import IMPORT_PATH, TargetConfig, is_target_node, target_problems
 
 
 @dataclass
@@ -46,8 +48,46 @@ def effective_embargo(d: DataConfig) -> int:
     return d.horizon if d.embargo is None else d.embargo
 
 
-def problems(d: DataConfig, model: ModelConfig) -> list[str]:
+@dataclass
+class DatasetConfig(TargetConfig):
+    """Your own torch Dataset (`data._target_`, toolkit.data.user): the toolkit's settings
+    for it; every other key of the node is a keyword argument of the Dataset."""
+
+    kind: ClassVar[str] = "dataset"  # not a field: a `_target_` node has no kind key
+    seq_len: int = 128  # what the model sees per sample (FLOPs, tokens/s); not passed on
+    collate_fn: str | None = None  # import path; None: torch's default_collate
+    num_workers: int = 2  # loader processes (0: in the training process)
+    prefetch: int = 2  # steps prepared ahead (per worker with num_workers > 0)
+    pin_memory: bool = True  # page-locked batches and non-blocking copies (GPU only)
+    shuffle: bool = True  # map-style: each epoch in its own order, seeded by (seed, epoch)
+    drop_last: bool = False  # map-style: drop an epoch's last partial global batch
+    val: Any = None  # a validation Dataset node ({_target_: ..., kwargs}), or None
+    val_fraction: float = 0.0  # map-style, no `val`: the last fraction of items validates
+
+
+def dataset_problems(d: DatasetConfig, model: ModelConfig) -> list[str]:
+    p = target_problems("data", d)
+    p += below_minimum("data", d, {"seq_len": 1, "num_workers": 0, "prefetch": 1})
+    if d.collate_fn is not None and not IMPORT_PATH.fullmatch(d.collate_fn):
+        p.append(f"data.collate_fn={d.collate_fn!r}: not an import path; use module.attribute")
+    if d.val is not None and not is_target_node(d.val):
+        p.append(f"data.val={d.val!r}: a Dataset node with _target_ (or null)")
+    elif d.val is not None:
+        p += target_problems("data.val", DatasetConfig(target=str(d.val["_target_"])))
+    if not 0.0 <= d.val_fraction < 0.5:
+        p.append(f"data.val_fraction={d.val_fraction}: must be in [0, 0.5)")
+    if d.val is not None and d.val_fraction > 0:
+        p.append("data.val_fraction: set with data.val; use one of them")
+    limit = max_seq_len(model)
+    if limit and d.seq_len > limit:
+        p.append(f"data.seq_len={d.seq_len}: above model.max_seq_len={limit}")
+    return p
+
+
+def problems(d: DataConfig | DatasetConfig, model: ModelConfig) -> list[str]:
     """Problems with the data group and its fit to the model it feeds, one line each."""
+    if isinstance(d, DatasetConfig):  # your own Dataset: its shape is the model's to check
+        return dataset_problems(d, model)
     p = []
     limit = max_seq_len(model)
     if limit and d.seq_len > limit:

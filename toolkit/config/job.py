@@ -10,7 +10,7 @@ from typing import Any
 from toolkit.config.checkpoint import CheckpointConfig
 from toolkit.config.cluster import ClusterConfig
 from toolkit.config.collectives import CollectivesConfig
-from toolkit.config.data import DataConfig
+from toolkit.config.data import DataConfig, DatasetConfig
 from toolkit.config.fault import FaultConfig
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.launch import LaunchConfig
@@ -72,7 +72,11 @@ GROUPS: dict[str, type] = {
 # Groups whose node may hold `_target_` (toolkit.config.targets): group -> the schema of such
 # a node (the toolkit's settings for it; every other key is a keyword argument). A group
 # listed here is typed by toolkit.config.compose.group_config.
-TARGET_SCHEMAS: dict[str, type] = {"model": TargetModelConfig, "optim": OptimTargetConfig}
+TARGET_SCHEMAS: dict[str, type] = {
+    "model": TargetModelConfig,
+    "data": DatasetConfig,
+    "optim": OptimTargetConfig,
+}
 # group -> kind -> schema, for groups whose kinds have schemas of their own; a node of another
 # kind is typed by OTHER_KINDS[group] (a model registered through entry points).
 GROUP_KINDS: dict[str, dict[str, type]] = {"model": MODEL_KINDS}

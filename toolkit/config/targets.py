@@ -84,6 +84,11 @@ def _plain(values: dict[str, Any]) -> dict[str, Any]:
 
 def target_problems(group: str, cfg: TargetConfig) -> list[str]:
     """The import path is a dotted name (it reaches a rank's import, nothing else)."""
+    if cfg.target in ("", "???"):
+        return [
+            f"{group}._target_: missing; name what to build by import path, e.g. "
+            f"{group}._target_=mypkg.module.Class"
+        ]
     if not IMPORT_PATH.fullmatch(cfg.target):
         return [
             f"{group}._target_={cfg.target!r}: not an import path; use module.attribute, "

@@ -1,5 +1,5 @@
 """`python -m toolkit.data prepare SRC OUT [--format hdf5|parquet|npy] [--chunk-len N]
-[--nonfinite refuse|mask]`,
+[--nonfinite refuse|mask] [--layout series]`,
 `python -m toolkit.data inspect OUT`, `python -m toolkit.data synthetic OUT [--times T]
 [--instruments N] [--format F]`. A bad input is one line on stderr and exit status 1."""
 
@@ -27,6 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         default="refuse",
         help="an infinite value in the source: refuse it (default) or treat it as missing",
     )
+    prep.add_argument(
+        "--layout",
+        choices=["series"],
+        default=None,
+        help="a 3-D .npy is [time, instrument, feature] series (required for one)",
+    )
     insp = sub.add_parser("inspect", help="shapes, ranges, missing values, statistics")
     insp.add_argument("out")
     syn = sub.add_parser("synthetic", help="write the synthetic factor-model market")
@@ -48,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.time_column,
                 args.instrument_column,
                 args.nonfinite,
+                args.layout,
             )
             print(f"wrote {args.out}: {m.format}, shape {m.shape}, chunk {m.chunk}")
         elif args.command == "synthetic":

@@ -147,53 +147,41 @@ def _ignore_preemption_signals(_worker_id: int) -> None:
     torch.set_num_threads(1)
 
 
-class DatasetLoader:
-    def __init__(
-        self,
-        windows: Windows,
-        plan: SamplePlan,
-        num_workers: int = 2,
-        prefetch: int = 2,
-        pin_memory: bool = False,
-    ):
-        self.windows = windows
+class StepLoader:
+    """The Loader contract over a map-style Dataset whose item s is this rank's micro-batches
+    of step s (`steps()`, built from the current plan: a resume may re-split it): torch
+    DataLoader workers fetch steps in order, from `next_step` on. Subclasses add their state."""
+
+    def __init__(self, plan: SamplePlan, num_workers: int, prefetch: int, pin_memory: bool):
         self.plan = plan
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.pin_memory = pin_memory
         self.next_step = 0
-        self.also_normalises: list[Windows] = []  # validation: scaled as training is
         self._loader: DataLoader | None = None
         self._iter = None
 
+    def steps(self) -> Dataset:
+        raise NotImplementedError
+
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "next_step": self.next_step,
-            "seed": self.plan.seed,
-            "normalisation": self.windows.norm.as_dict(),
-        }
+        return {"next_step": self.next_step, "seed": self.plan.seed}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The position, and the checkpoint's normalisation (so a resumed run scales its
-        inputs as the first run did, even if the data has grown since)."""
         self.close()
         self.next_step = int(state["next_step"])
-        if "normalisation" in state:
-            norm = Normalisation.from_dict(state["normalisation"])
-            for windows in [self.windows, *self.also_normalises]:
-                windows.norm = norm
 
-    def batch(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def batch(self, step: int) -> list[Any]:
         """Step `step`'s micro-batches, computed here (evaluation)."""
-        return StepBatches(self.windows, self.plan)[step]
+        return self.steps()[step]
 
     def __iter__(self):
         return self
 
-    def __next__(self) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def __next__(self) -> tuple[int, list[Any]]:
         if self._iter is None:
             self._loader = DataLoader(
-                StepBatches(self.windows, self.plan),
+                self.steps(),
                 batch_size=None,
                 sampler=range(self.next_step, NEVER),
                 num_workers=self.num_workers,
@@ -221,6 +209,35 @@ class DatasetLoader:
                 shutdown()
             self._iter = None
             self._loader = None
+
+
+class DatasetLoader(StepLoader):
+    def __init__(
+        self,
+        windows: Windows,
+        plan: SamplePlan,
+        num_workers: int = 2,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+    ):
+        super().__init__(plan, num_workers, prefetch, pin_memory)
+        self.windows = windows
+        self.also_normalises: list[Windows] = []  # validation: scaled as training is
+
+    def steps(self) -> StepBatches:
+        return StepBatches(self.windows, self.plan)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "normalisation": self.windows.norm.as_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The position, and the checkpoint's normalisation (so a resumed run scales its
+        inputs as the first run did, even if the data has grown since)."""
+        super().load_state_dict(state)
+        if "normalisation" in state:
+            norm = Normalisation.from_dict(state["normalisation"])
+            for windows in [self.windows, *self.also_normalises]:
+                windows.norm = norm
 
 
 def build_loaders(
@@ -263,4 +280,4 @@ def build_loaders(
     return loaders[0], loaders[1]
 
 
-__all__ = ["DataError", "DatasetLoader", "SamplePlan", "Windows", "build_loaders"]
+__all__ = ["DataError", "DatasetLoader", "StepLoader", "SamplePlan", "Windows", "build_loaders"]

@@ -5,11 +5,14 @@ Sources:
 - CSV or Parquet, long format: one row per (time, instrument), columns `time`, `instrument`
   and one per feature; an empty cell or null is a missing value. SRC may be a directory of
   such files (e.g. one per date); rows are pivoted to [time, instrument, feature].
-  A time column of dates or timestamps becomes days since 1970-01-01; integers stay as they are.
+  A time column of dates becomes days since 1970-01-01, of timestamps nanoseconds since
+  1970-01-01 (full resolution: minute bars stay apart); integers stay as they are.
   Files that do not overlap in time are converted one at a time (prepare_long), so a
   date-partitioned source larger than memory converts.
-- NumPy: a .npy of [time, instrument, feature] or [time, instrument] (NaN: missing), or a
-  .npz with `values` and optional `mask`, `times`, `instruments`, `features`.
+- NumPy: a .npy of [time, instrument] or, with `--layout series`, [time, instrument,
+  feature] (NaN: missing), or a .npz with `values` and optional `mask`, `times`,
+  `instruments`, `features`. Pre-windowed samples (an .npz with `X` and `y`) need no
+  preparation: train on them with toolkit.data.WindowedSamples (refused here in one line).
 
 The chunk is [chunk_len, all instruments, all features] with chunk_len chosen for about
 1 MiB (toolkit.data.manifest.chunk_len_for): training reads windows of consecutive time
@@ -77,14 +80,22 @@ def _read_table(path: Path, columns: list[str] | None = None):
 
 
 def _times_as_int(column) -> np.ndarray:
+    """Dates -> days since 1970-01-01; timestamps -> nanoseconds since 1970-01-01, full
+    resolution (minute or tick bars keep their time of day); integers as they are. Strings
+    parse as NumPy datetimes: date-only strings are days, any with a time of day nanoseconds."""
     import pyarrow as pa
 
     if pa.types.is_integer(column.type):
         return column.to_numpy().astype(np.int64)
-    if pa.types.is_timestamp(column.type) or pa.types.is_date(column.type):
-        days = column.cast(pa.timestamp("s")).to_numpy().astype("datetime64[D]")
-        return days.astype(np.int64)
-    return np.asarray(column.to_pylist(), dtype="datetime64[D]").astype(np.int64)
+    if pa.types.is_date(column.type):
+        return column.cast(pa.date32()).to_numpy().astype("datetime64[D]").astype(np.int64)
+    if pa.types.is_timestamp(column.type):
+        return column.cast(pa.timestamp("ns")).to_numpy().astype("datetime64[ns]").astype(np.int64)
+    parsed = np.asarray(column.to_pylist(), dtype="datetime64")
+    unit = np.datetime_data(parsed.dtype)[0]
+    return parsed.astype(
+        "datetime64[D]" if unit in ("Y", "M", "W", "D") else "datetime64[ns]"
+    ).astype(np.int64)
 
 
 def _column_names(path: Path) -> list[str]:
@@ -200,16 +211,37 @@ def _concat(tables, columns):
     return pa.concat_tables([t.select(columns) for t in tables], promote_options="permissive")
 
 
-def from_numpy(path: Path):
+SAMPLES_HINT = (
+    "train on pre-windowed samples directly: data=dataset "
+    "data._target_=toolkit.data.WindowedSamples +data.path=FILE.npz (X and y)"
+)
+
+
+def from_numpy(path: Path, layout: str | None = None):
+    """A NumPy source of series. A 3-D .npy is [time, instrument, feature] series or
+    [sample, step, feature] pre-windowed samples, which its shape cannot tell apart: refused
+    unless `layout="series"` says which. An .npz names its arrays (values: series; X and y:
+    samples, refused here: they need no preparation)."""
     if path.suffix == ".npy":
-        values = np.load(path)
+        values = np.load(path, allow_pickle=False)
         extra: dict = {}
+        if values.ndim == 3 and layout != "series":
+            raise DataError(
+                f"{path}: a 3-D array of shape {values.shape} may be series [time, instrument, "
+                f"feature] or samples [sample, step, feature]; say --layout series to prepare "
+                f"it as series, or {SAMPLES_HINT}"
+            )
     else:
         with np.load(path, allow_pickle=False) as z:
             extra = {k: z[k] for k in z.files}
+        if "values" not in extra and {"X", "y"} <= set(extra):
+            raise DataError(
+                f"{path}: holds pre-windowed samples (X, y), not series; {SAMPLES_HINT}"
+            )
         if "values" not in extra:
             raise DataError(
-                f"{path}: no 'values' array; the .npz needs values [time, instrument, feature]"
+                f"{path}: no 'values' array; the .npz needs values [time, instrument, feature] "
+                "(or X and y: pre-windowed samples, trained on without preparing)"
             )
         values = extra.pop("values")
     if values.ndim == 2:
@@ -236,6 +268,7 @@ def prepare(
     time_column: str = "time",
     instrument_column: str = "instrument",
     nonfinite: str = "refuse",
+    layout: str | None = None,
 ) -> Manifest:
     if Path(out).exists():  # before reading a large source
         raise DataError(f"{out}: already exists; remove it or choose another output directory")
@@ -243,7 +276,7 @@ def prepare(
     if files[0].suffix in (".npy", ".npz"):
         if len(files) > 1:
             raise DataError(f"{src}: one NumPy file at a time")
-        values, mask, times, instruments, features = from_numpy(files[0])
+        values, mask, times, instruments, features = from_numpy(files[0], layout)
         check_finite(values, mask, files[0], nonfinite)
         return write_dataset(
             out, values, mask, times, instruments, features, fmt=fmt, chunk_len=chunk_len

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from toolkit.config.data import DatasetConfig
 from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig, series_shape, vocab_size
 from toolkit.config.parallel import MeshShape, mesh_shape, pipeline_stages
@@ -190,7 +191,13 @@ def build_loaders(
     data=returns: multi-process loading of a dataset (toolkit.data), normalised with the
     training period's statistics (saved in the run dir, and in checkpoints with the loader's
     state), validated by information coefficient. A bad dataset is the user's to fix: one
-    line (the launcher has usually caught it already)."""
+    line (the launcher has usually caught it already). data._target_: your own Dataset
+    (toolkit.data.user)."""
+    if isinstance(job.data, DatasetConfig):
+        from toolkit.data.user import build_loaders as build_user_loaders
+
+        pin = job.data.pin_memory and device.type == "cuda"
+        return (*build_user_loaders(job.data, plan, pin), None)
     if job.data.kind == "returns":
         from toolkit.data.loader import SamplePlan
         from toolkit.data.loader import build_loaders as build_dataset_loaders

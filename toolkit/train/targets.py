@@ -65,6 +65,30 @@ def optimizer_problems(job: Any, world: int) -> list[str]:
     return []
 
 
+def dataset_import_problems(job: Any, world: int) -> list[str]:
+    """`data._target_`, `data.val._target_` and `data.collate_fn` import (the Dataset itself
+    is built in the rank: its constructor may read files the launcher cannot see)."""
+    from toolkit.config.data import DatasetConfig
+
+    if not isinstance(job.data, DatasetConfig):
+        return []
+    paths = {"data._target_": job.data.target, "data.collate_fn": job.data.collate_fn}
+    if job.data.val is not None:
+        paths["data.val._target_"] = str(job.data.val[TARGET])
+    p = []
+    for name, path in paths.items():
+        if path is None:
+            continue
+        found, why = locate(path)
+        if why is not None:
+            p.append(
+                f"{name}={path}: cannot import it ({why}); is its package installed, or on PYTHONPATH for the launcher and every rank?"
+            )
+        elif not callable(found):
+            p.append(f"{name}={path}: not a class or function")
+    return p
+
+
 def callback_problems(job: Any, world: int) -> list[str]:
     """Each `trainer.callbacks` entry imports and is a toolkit.hooks.Hook subclass (or a
     function, which must return one: checked in the rank)."""

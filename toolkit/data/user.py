@@ -1,0 +1,309 @@
+"""Your own torch Dataset (`data._target_`, toolkit.config.data.DatasetConfig) under the
+training loop's Loader contract (toolkit.train.data: `next(loader)` -> (step, micro-batches),
+state_dict / load_state_dict, batch(i), .plan, close).
+
+A micro-batch is whatever the collate function returns (torch's default_collate unless
+`data.collate_fn` names one): a tensor, a tuple/list or a dict of tensors.
+
+Map-style Dataset: the sample stream is the endless sequence of epochs, epoch e a
+permutation of the items seeded by (seed, e) (or the items in order, shuffle=false). The
+global batch of step s is positions [s * g, (s + 1) * g) of that stream, and rank r takes,
+for micro-step m, the slice [(m * world + r) * micro, +micro), as the built-in data does:
+the same global batch for any world size, and resuming (on any world size) needs only s.
+
+IterableDataset: read through torchdata's StatefulDataLoader, whose state_dict (each
+worker's dataset state, or the number of samples yielded) goes into the checkpoint. Every
+data-parallel rank reads the whole stream and keeps its slices of each step (the same
+arithmetic as above), so the global batch, the state and a resume on another world size are
+the same as on one rank; the price is reading the stream once per rank. A dataset without
+state_dict/load_state_dict is replayed by skipping the samples already seen
+(StatefulDataLoader's fallback): exact only when the stream is deterministic.
+"""
+
+from __future__ import annotations
+
+import atexit
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_map
+from torch.utils.data import Dataset, IterableDataset, Subset, default_collate
+
+from toolkit.config.data import DatasetConfig
+from toolkit.data.loader import (
+    SamplePlan,
+    StepLoader,
+    _ignore_preemption_signals,
+    _preemption_signals_blocked,
+)
+from toolkit.data.samples import SampleOrder
+from toolkit.errors import EXIT_RESUME_REFUSED, UserError
+
+Collate = Callable[[list[Any]], Any]
+
+
+def build(target: str, kwargs: dict[str, Any], what: str = "data._target_") -> Any:
+    """`target(**kwargs)` by Hydra's instantiate; a failure is one line naming the target."""
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate({"_target_": target, **kwargs}, _convert_="all")
+    except Exception as exc:  # noqa: BLE001 - the user's import or constructor: one line
+        cause = exc.__cause__ or exc
+        raise UserError(f"{what}={target}: cannot be built ({cause})") from exc
+
+
+def collate_of(path: str | None) -> Collate:
+    if path is None:
+        return default_collate
+    from hydra.utils import get_object
+
+    try:
+        fn = get_object(path)
+    except Exception as exc:  # noqa: BLE001 - the user's import: one line
+        raise UserError(f"data.collate_fn={path}: cannot be imported ({exc})") from exc
+    if not callable(fn):
+        raise UserError(f"data.collate_fn={path}: not callable")
+    return fn
+
+
+class ItemOrder(SampleOrder):
+    """SampleOrder over a Dataset's items: one global shuffle per epoch (or the items in
+    order), and with drop_last only the first `keep` of each epoch."""
+
+    def __init__(self, seed: int, split: str, num_items: int, shuffle: bool, keep: int = 0):
+        super().__init__(seed, split, num_items, 1, 1, 0)
+        self.shuffle = shuffle
+        self.keep = keep
+
+    @property
+    def epoch_len(self) -> int:
+        return self.keep or self.num_anchors
+
+    def epoch(self, e: int) -> np.ndarray:
+        return super().epoch(e) if self.shuffle else np.arange(self.num_anchors)
+
+
+class ItemSteps(Dataset):
+    """Item s: this rank's micro-batches of step s, each collated from dataset items."""
+
+    def __init__(self, dataset: Dataset, order: ItemOrder, plan: SamplePlan, collate: Collate):
+        self.dataset = dataset
+        self.order = order
+        self.plan = plan
+        self.collate = collate
+
+    def __getitem__(self, step: int) -> list[Any]:
+        p = self.plan
+        g = p.global_batch_size
+        ids = self.order.ids(step * g, (step + 1) * g)
+        out = []
+        for m in range(p.grad_accum):
+            lo = (m * p.world_size + p.rank) * p.micro_batch_size
+            out.append(
+                self.collate([self.dataset[int(i)] for i in ids[lo : lo + p.micro_batch_size]])
+            )
+        return out
+
+
+class MapLoader(StepLoader):
+    """A map-style Dataset's steps, fetched in order by torch DataLoader workers."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        order: ItemOrder,
+        plan: SamplePlan,
+        collate: Collate,
+        num_workers: int = 2,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+    ):
+        super().__init__(plan, num_workers, prefetch, pin_memory)
+        self.dataset = dataset
+        self.order = order
+        self.collate = collate
+
+    def steps(self) -> ItemSteps:
+        return ItemSteps(self.dataset, self.order, self.plan, self.collate)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "num_items": self.order.num_anchors}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The position; refused in one line when the Dataset's length changed (the epoch
+        orders, and so every later batch, would differ)."""
+        if "num_items" in state and int(state["num_items"]) != self.order.num_anchors:
+            raise UserError(
+                f"data: the checkpoint's Dataset had {state['num_items']} items, this one has "
+                f"{self.order.num_anchors}; resume on the same data (or start a new run)",
+                EXIT_RESUME_REFUSED,
+            )
+        super().load_state_dict(state)
+
+
+def _pinned(batch: Any) -> Any:
+    return tree_map(lambda t: t.pin_memory() if isinstance(t, torch.Tensor) else t, batch)
+
+
+class StreamLoader:
+    """An IterableDataset read by torchdata's StatefulDataLoader (samples, not batches, so
+    its state does not depend on the micro-batch size); this rank keeps its slices."""
+
+    def __init__(
+        self,
+        dataset: IterableDataset,
+        plan: SamplePlan,
+        collate: Collate,
+        num_workers: int = 2,
+        prefetch: int = 2,
+        pin_memory: bool = False,
+    ):
+        self.dataset = dataset
+        self.plan = plan
+        self.collate = collate
+        self.num_workers = num_workers
+        self.prefetch = prefetch
+        self.pin_memory = pin_memory
+        self.next_step = 0
+        self._stream_state: dict[str, Any] | None = None
+        self._loader = None
+        self._iter = None
+
+    def _open(self):
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self._loader = StatefulDataLoader(
+            self.dataset,
+            batch_size=None,
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch if self.num_workers else None,
+            worker_init_fn=_ignore_preemption_signals if self.num_workers else None,
+        )
+        if self._stream_state is not None:
+            self._loader.load_state_dict(self._stream_state)
+        with _preemption_signals_blocked():
+            self._iter = iter(self._loader)
+        atexit.register(self.close)  # workers ignore SIGTERM: see toolkit.data.loader
+
+    def state_dict(self) -> dict[str, Any]:
+        stream = self._loader.state_dict() if self._loader is not None else self._stream_state
+        return {
+            "next_step": self.next_step,
+            "seed": self.plan.seed,
+            "num_workers": self.num_workers,
+            "stream": stream,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's stream state; or only a step, which must be where the stream is
+        (a stream cannot seek)."""
+        step = int(state["next_step"])
+        if "stream" not in state:
+            if step != self.next_step:
+                raise UserError(
+                    f"data._target_: an IterableDataset cannot seek to step {step} without a "
+                    "checkpoint's stream state",
+                    EXIT_RESUME_REFUSED,
+                )
+            return
+        if state["stream"] is not None and int(state["num_workers"]) != self.num_workers:
+            raise UserError(
+                f"data.num_workers={self.num_workers}: the checkpoint's stream was read by "
+                f"{state['num_workers']} workers, whose states it holds; resume with "
+                f"data.num_workers={state['num_workers']}",
+                EXIT_RESUME_REFUSED,
+            )
+        self.close()
+        self.next_step = step
+        self._stream_state = state["stream"]
+
+    def batch(self, step: int) -> list[Any]:
+        raise UserError("data._target_: an IterableDataset cannot serve validation; use data.val")
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[int, list[Any]]:
+        if self._iter is None:
+            self._open()
+        p = self.plan
+        samples = [next(self._iter) for _ in range(p.global_batch_size)]
+        out = []
+        for m in range(p.grad_accum):
+            lo = (m * p.world_size + p.rank) * p.micro_batch_size
+            batch = self.collate(samples[lo : lo + p.micro_batch_size])
+            out.append(_pinned(batch) if self.pin_memory else batch)
+        step = self.next_step
+        self.next_step += 1
+        return step, out
+
+    def close(self) -> None:
+        atexit.unregister(self.close)
+        if self._loader is not None:
+            self._stream_state = self._loader.state_dict()
+        if self._iter is not None:
+            shutdown = getattr(self._iter, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+        self._iter = None
+        self._loader = None
+
+
+def map_loader(
+    dataset: Dataset, cfg: DatasetConfig, plan: SamplePlan, split: str, pin_memory: bool
+) -> MapLoader:
+    n = len(dataset)
+    g = plan.global_batch_size
+    if n < 1 or (cfg.drop_last and n < g):
+        raise UserError(
+            f"data._target_={cfg.target}: {n} items ({split}), fewer than one global batch of {g}"
+        )
+    order = ItemOrder(plan.seed, split, n, cfg.shuffle, n - n % g if cfg.drop_last else 0)
+    workers = cfg.num_workers if split == "train" else 0
+    return MapLoader(
+        dataset, order, plan, collate_of(cfg.collate_fn), workers, cfg.prefetch, pin_memory
+    )
+
+
+def build_loaders(
+    cfg: DatasetConfig, plan: SamplePlan, pin_memory: bool
+) -> tuple[MapLoader | StreamLoader, MapLoader | None]:
+    """Training and validation loaders of your own Dataset (validation: `data.val`, or the
+    last `data.val_fraction` of a map-style Dataset's items; else none)."""
+    import dataclasses
+
+    dataset = build(cfg.target, cfg.kwargs)
+    val_plan = dataclasses.replace(plan, grad_accum=1)
+    val = None
+    if cfg.val is not None:
+        node = {k: v for k, v in cfg.val.items() if k != "_target_"}
+        val_set = build(str(cfg.val["_target_"]), node, "data.val._target_")
+        if isinstance(val_set, IterableDataset):
+            raise UserError(
+                f"data.val._target_={cfg.val['_target_']}: validation needs a map-style Dataset"
+            )
+        val = map_loader(val_set, cfg, val_plan, "val", False)
+    if isinstance(dataset, IterableDataset):
+        if cfg.val_fraction > 0:
+            raise UserError(
+                f"data.val_fraction={cfg.val_fraction}: {cfg.target} is an IterableDataset, which "
+                "cannot be split; use data.val (a map-style Dataset)"
+            )
+        stream = StreamLoader(
+            dataset, plan, collate_of(cfg.collate_fn), cfg.num_workers, cfg.prefetch, pin_memory
+        )
+        return stream, val
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise UserError(
+            f"data._target_={cfg.target}: not a torch Dataset (needs __getitem__ and __len__, "
+            "or an IterableDataset)"
+        )
+    if cfg.val_fraction > 0:
+        n = len(dataset)
+        cut = n - max(1, int(n * cfg.val_fraction))
+        val = map_loader(Subset(dataset, range(cut, n)), cfg, val_plan, "val", False)
+        dataset = Subset(dataset, range(cut))
+    return map_loader(dataset, cfg, plan, "train", pin_memory), val
