@@ -88,14 +88,31 @@ def test_prepare_refuses_an_infinite_value_in_one_line(tmp_path, capsys) -> None
     values[7, 1, 0] = np.inf
     values[9, 2, 1] = -np.inf
     np.save(tmp_path / "src.npy", values)
-    assert data_cli(["prepare", str(tmp_path / "src.npy"), str(tmp_path / "out")]) == 1
+    assert (
+        data_cli(
+            ["prepare", str(tmp_path / "src.npy"), str(tmp_path / "out"), "--layout", "series"]
+        )
+        == 1
+    )
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "2 infinite value(s), the first at time row 7, instrument 1, feature 0" in line
     assert "--nonfinite=mask" in line and not (tmp_path / "out").exists()
 
     # Asked to, prepare marks them missing: the dataset holds only finite observed values.
     out = tmp_path / "masked"
-    assert data_cli(["prepare", str(tmp_path / "src.npy"), str(out), "--nonfinite=mask"]) == 0
+    assert (
+        data_cli(
+            [
+                "prepare",
+                str(tmp_path / "src.npy"),
+                str(out),
+                "--nonfinite=mask",
+                "--layout",
+                "series",
+            ]
+        )
+        == 0
+    )
     reader = DatasetReader(out)
     got, mask = reader.window(0, 40)
     assert not mask[7, 1, 0] and not mask[9, 2, 1] and mask.sum() == values.size - 2

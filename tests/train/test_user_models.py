@@ -190,6 +190,29 @@ def test_a_hung_rank_of_a_user_model_is_caught_by_the_watchdog(tmp_path):
     assert any((tmp_path / "hangs").iterdir())
 
 
+def test_a_user_model_trains_on_a_user_dataset_from_the_command_line_alone(tmp_path):
+    model = [o for o in LSTM if o.startswith("model.")]
+    done = launch(
+        tmp_path,
+        *model,
+        "data._target_=userpkg.datasets.NoisySeries",
+        "data.length=512",
+        "data.window=16",
+        "data.num_series=48",
+        "data.num_targets=16",
+        "data.seq_len=16",
+        "data.num_workers=0",
+        "data.val_fraction=0.1",
+        "trainer.steps=6",
+        "trainer.global_batch_size=8",
+        "trainer.progress=false",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = read_jsonl(tmp_path / "metrics" / "rank0.jsonl")
+    assert len(steps) == 6 and all(s["samples_per_s"] > 0 for s in steps)
+    assert json.loads((tmp_path / "summary.json").read_text())["val_loss"] is not None
+
+
 def test_a_tiny_hf_llama_trains_sharded_by_decoder_layer(tmp_path):
     done = launch(
         tmp_path,

@@ -1,4 +1,6 @@
-"""The model group: one typed config per model, each validated by its own problems().
+"""Models: built-in transformers, your own nn.Module, registered or Hugging Face models.
+
+One typed config per model, each validated by its own problems().
 
 The built-in models are transformers sharing one block design (TransformerConfig): the GPT
 over tokens (GPTConfig) and the causal transformer over multivariate series
