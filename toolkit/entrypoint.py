@@ -79,7 +79,7 @@ def run_rank(run_dir: Path) -> int:
     from toolkit.distributed.env import discover
     from toolkit.distributed.init import init_distributed, shutdown_distributed
     from toolkit.runinfo import write_snapshot
-    from toolkit.tasks import resolve_task
+    from toolkit.tasks import OWN_PROCESS_GROUP, resolve_task, task_of
 
     env = discover()
     setup_logging(env.rank, run_dir)
@@ -94,13 +94,15 @@ def run_rank(run_dir: Path) -> int:
         configure(job.nccl, env, run_dir)
         if env.is_rank0 and env.source == "slurm":  # one writer per run dir, per attempt
             hold_run_dir(run_dir)
-        device = init_distributed(env, job.nccl.timeout_s)
+        task = task_of(job)
+        # Your own script joins its own process group (a second one in this process fails).
+        device = None if task in OWN_PROCESS_GROUP else init_distributed(env, job.nccl.timeout_s)
         if env.is_rank0:
             write_snapshot(run_dir / "env.json")
             log.info(
                 "world %d (%s), device %s, run dir %s", env.world_size, env.source, device, run_dir
             )
-        result = resolve_task(job.task)(job, env, run_dir, device)
+        result = resolve_task(task)(job, env, run_dir, device)
     except UserError as exc:  # the user can act on it: one line from rank 0, no traceback
         fail_with_one_line(exc, env.rank, run_dir, log)
     except BaseException as exc:  # noqa: BLE001 - every failure must surface with its rank

@@ -246,7 +246,8 @@ def prepare_in_allocation(
     if (run.run_dir / "config.yaml").exists():
         return run.run_dir  # requeued: keep the config (and checkpoints) of the first start
     write_run_dir(run, choices_of(cfgs[0]), config_dirs)
-    prepare_data(run.job.data, *series_shape(run.job.model))
+    if not run.job.script.enabled:  # your own script reads its own data
+        prepare_data(run.job.data, *series_shape(run.job.model))
     return run.run_dir
 
 
@@ -300,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     for run, cfg in zip(runs, cfgs, strict=True):
         if not run.job.launch.dry_run:
             try:  # once, before any rank starts: a bad dataset fails here, in one line
-                prepare_data(run.job.data, *series_shape(run.job.model))
+                if not run.job.script.enabled:  # your own script reads its own data
+                    prepare_data(run.job.data, *series_shape(run.job.model))
             except DataError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2

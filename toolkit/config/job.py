@@ -20,6 +20,7 @@ from toolkit.config.nccl import NcclConfig
 from toolkit.config.optim import OptimConfig, OptimTargetConfig
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
+from toolkit.config.script import ScriptConfig
 from toolkit.config.telemetry import TelemetryConfig
 from toolkit.config.tracking import TrackingConfig
 from toolkit.config.trainer import TrainerConfig
@@ -44,7 +45,8 @@ class JobConfig:
     collectives: CollectivesConfig = field(default_factory=CollectivesConfig)
     fault: FaultConfig = field(default_factory=FaultConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    task: str = "train"  # what every rank runs: see toolkit.tasks.TASKS
+    script: ScriptConfig = field(default_factory=ScriptConfig)  # your own script instead
+    task: str = "train"  # what every rank runs: see toolkit.tasks.TASKS (script: task_of)
     seed: int = 0
     run_dir: str | None = None  # filled in by the launcher from hydra.run.dir / hydra.sweep.dir
 
@@ -66,6 +68,7 @@ GROUPS: dict[str, type] = {
     "collectives": CollectivesConfig,
     "fault": FaultConfig,
     "tracking": TrackingConfig,
+    "script": ScriptConfig,
 }
 
 

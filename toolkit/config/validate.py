@@ -24,6 +24,7 @@ from toolkit.config import (
     optim,
     parallel,
     precision,
+    script,
     telemetry,
     tracking,
     trainer,
@@ -50,6 +51,7 @@ def problems(job: JobConfig, runtime_checks: Sequence[RuntimeCheck] = ()) -> lis
     found += tracking.problems(job.tracking)
     found += hardware.problems(job.hardware)
     found += launch.problems(job.launch)
+    found += script.problems(job.script)
     found += nccl.problems(job.nccl, job.cluster.nodes)
     if shape_known:
         world = world_size(job.cluster)
@@ -72,7 +74,12 @@ def validate(job: JobConfig, runtime_checks: Sequence[RuntimeCheck] = ()) -> Non
         raise ConfigError(found)
     if job.cluster.kind == "local" and (job.cluster.partition or job.cluster.account):
         warnings.warn("cluster.partition/account are ignored by cluster=local", stacklevel=2)
-    if job.cluster.kind == "slurm" and job.task == "train" and not job.checkpoint.enabled:
+    if (
+        job.cluster.kind == "slurm"
+        and job.task == "train"
+        and not job.script.enabled
+        and not job.checkpoint.enabled
+    ):
         warnings.warn(
             "checkpoint.enabled=false on Slurm: a preemption or time limit loses the whole run; "
             "use checkpoint=periodic",

@@ -109,7 +109,10 @@ class LocalExecutor:
 
     def describe(self, run: PreparedRun) -> str:
         n = tasks_per_node(run.job.cluster)
-        return f"would start {n} local ranks: {sys.executable} -m toolkit.entrypoint {run.run_dir}"
+        said = f"would start {n} local ranks: {sys.executable} -m toolkit.entrypoint {run.run_dir}"
+        if run.job.script.enabled:
+            said += f"\n  each running {run.job.script.command_line()}"
+        return said
 
     def detach(self, run: PreparedRun) -> int:
         """Hand the supervision to a background process of its own and return."""

@@ -157,15 +157,19 @@ def start_agent(spec: AgentSpec, run_dir: Path, node: str) -> subprocess.Popen:
 
 
 def build_telemetry_sinks(
-    cfg: TelemetryConfig, env: DistEnv, run_dir: Path, watchdog: WatchdogSpec | None = None
+    cfg: TelemetryConfig,
+    env: DistEnv,
+    run_dir: Path,
+    watchdog: WatchdogSpec | None = None,
+    nodes: dict[str, list[int]] | None = None,
 ) -> list[Any]:
     """The telemetry sink of this rank ([] when telemetry is off). Call on every rank.
     With `watchdog`, the node agent watches this rank's heartbeat (`sink.heartbeat`) for
-    hangs."""
+    hangs. `nodes` (hostname -> its global ranks) when known; else one all_gather finds it."""
     if not cfg.enabled:
         return []
     try:
-        nodes = ranks_by_node(env)
+        nodes = ranks_by_node(env) if nodes is None else nodes
         node = node_name()
         ranks = nodes.get(node, [env.rank])
         restart = restart_count()

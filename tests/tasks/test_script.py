@@ -1,0 +1,184 @@
+"""Your own script under `toolkit launch script=...`: an unmodified torchrun-style DDP script
+on 2 local ranks, the toolkit.session records in the report, a failing rank and a hung rank
+stopping the job, and bad input refused in one line. The scripts live in
+tests/fixtures/scripts/, as a user's would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, launch
+from toolkit.errors import EXIT_HANG
+from toolkit.launch import main as launch_main
+
+SCRIPTS = REPO / "tests" / "fixtures" / "scripts"
+DDP = str(SCRIPTS / "ddp_train.py")
+SESSION = str(SCRIPTS / "session_train.py")
+
+
+def run_script(tmp_path: Path, script: str, args: str, *more: str, timeout: float = 120):
+    return launch(
+        f"script.path={script}",
+        f"script.args={args}",
+        "cluster.tasks_per_node=2",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        *more,
+        timeout=timeout,
+    )
+
+
+def test_unmodified_ddp_script_runs_on_two_ranks_with_quoted_args(tmp_path):
+    r = run_script(tmp_path, DDP, "[--steps,3,--tag,'a b \"q\" $HOME']")
+    assert r.returncode == 0, r.stderr[-2000:]
+    # The argument arrives as one word, quotes, spaces and dollar sign untouched.
+    assert "step 3 loss" in r.stdout and 'a b "q" $HOME' in r.stdout
+    run = tmp_path / "run"
+    assert (run / "logs" / "rank1.log").is_file()  # per-rank logs
+    assert list((run / "telemetry").glob("node-*-attempt0.h5"))  # the node agent ran
+    assert json.loads((run / "summary.json").read_text())["exit_code"] == 0
+
+
+def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
+    r = run_script(tmp_path, SESSION, "[--steps,4]")
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "run"
+    logged = [
+        json.loads(line) for line in (run / "metrics" / "rank0.jsonl").read_text().splitlines()
+    ]
+    assert [s["step"] for s in logged] == [1, 2, 3, 4]
+    report = subprocess.run(
+        [os.sys.executable, "-m", "toolkit.cli.main", "report", str(run)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert "Nodes" in report.stdout and "│    2 │" in report.stdout.replace("     2 │", "    2 │")
+    csv = (run / "telemetry" / "report" / "steps.csv").read_text().splitlines()
+    header = csv[0].split(",")
+    first = dict(zip(header, csv[1].split(","), strict=True))
+    # The loss the script logged, read back from the node's HDF5 file.
+    assert float(first["loss"]) == pytest.approx(logged[0]["loss"], rel=1e-5)
+    status = subprocess.run(
+        [os.sys.executable, "-m", "toolkit.cli.main", "status", str(run)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert "completed" in status.stdout
+
+
+def test_a_failing_rank_stops_the_job_with_its_error(tmp_path):
+    t0 = time.time()
+    r = run_script(tmp_path, DDP, "[--steps,50,--sleep-s,0.2,--fail-rank,1,--fail-at,2]")
+    assert r.returncode == 1
+    assert "rank 1 failed with exit code 1" in r.stderr
+    assert "injected failure on rank 1 at step 2" in r.stderr
+    assert time.time() - t0 < 60  # not the 50 steps, nor gloo's timeout
+
+
+@pytest.mark.slow
+def test_a_hung_rank_is_named_dumped_and_exits_79(tmp_path):
+    r = run_script(
+        tmp_path,
+        DDP,
+        "[--steps,50,--hang-rank,1,--hang-at,3]",
+        "fault.hang_timeout_s=4",
+        "fault.hang_startup_timeout_s=30",
+    )
+    assert r.returncode == EXIT_HANG, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("hang: ranks 0,1") or line.startswith("hang: rank 1"), line
+    (hang,) = (tmp_path / "run" / "hangs").glob("2*")
+    stacks = (hang / "stacks-rank1.txt").read_text()
+    assert 'ddp_train.py", line' in stacks  # the script's own frame, where it blocks
+
+
+@pytest.mark.parametrize(
+    ("overrides", "said"),
+    [
+        (["script.path=no/such/train.py"], "script.path=no/such/train.py: no such file"),
+        (["script.module=json"], "script.module=json: a package without __main__.py"),
+        (["script.module=no_such_pkg.train"], "script.module=no_such_pkg.train: "),
+        ([f"script.path={DDP}", "script.args=['a\tb']"], "contains control character"),
+        ([f"script.path={DDP}", "task=bench_train"], "task=bench_train: runs the toolkit's"),
+    ],
+)
+def test_bad_script_input_is_one_line_and_exit_2(overrides, said, capsys):
+    assert launch_main([*overrides, "launch.dry_run=true"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0], err
+
+
+def test_dry_run_says_what_every_rank_would_run(capsys):
+    assert (
+        launch_main([f"script.path={DDP}", "script.args=[--steps,2]", "launch.dry_run=true"]) == 0
+    )
+    assert "ddp_train.py --steps 2" in capsys.readouterr().out
+
+
+def test_session_is_a_no_op_outside_a_toolkit_launch(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("TOOLKIT_SESSION", "RANK")}
+    env["PYTHONPATH"] = str(REPO)
+    r = subprocess.run(
+        [os.sys.executable, SESSION, "--steps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert not (tmp_path / "metrics").exists()
+
+
+@pytest.mark.slow
+def test_a_preemption_signal_saves_and_the_relaunch_resumes(tmp_path):
+    """Locally: USR2 to every rank -> the script saves at a step boundary and the launch exits
+    75; the same run dir again resumes from the checkpoint, with the losses of an
+    uninterrupted run."""
+    args = "[--steps,12,--sleep-s,0.3]"
+    straight = run_script(tmp_path / "a", SESSION, args)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    cmd = ["script.path=" + SESSION, "script.args=" + args, "cluster.tasks_per_node=2"]
+    run = tmp_path / "b" / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [os.sys.executable, "-m", "toolkit.launch", *cmd, f"hydra.run.dir={run}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    steps = run / "metrics" / "rank0.jsonl"
+    while not (steps.is_file() and len(steps.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    for child in wrapper_pids(proc.pid):
+        os.kill(child, signal.SIGUSR2)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err[-2000:]
+    again = launch(*cmd, f"hydra.run.dir={run}", timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    got = [json.loads(x)["loss"] for x in steps.read_text().splitlines()]
+    want = [
+        json.loads(x)["loss"]
+        for x in (tmp_path / "a/run/metrics/rank0.jsonl").read_text().splitlines()
+    ]
+    assert got == want
+
+
+def wrapper_pids(launcher: int) -> list[int]:
+    """The rank wrappers: the launcher's children."""
+    out = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]

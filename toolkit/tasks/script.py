@@ -1,0 +1,249 @@
+"""task=script: every rank runs your own script as a child process, with torchrun's
+environment, and this process (the rank wrapper) gives it the toolkit's machinery.
+
+The wrapper does not join a process group (the script does, from RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT). It
+- starts the node's telemetry agent (the first rank of each node), which samples GPU/host/IB
+  into the node's HDF5 file and runs the hang watchdog on this rank's heartbeat;
+- beats that heartbeat for the script: at process level (new output or CPU time of the
+  script), or at step resolution once the script calls toolkit.session.heartbeat();
+- forwards the preemption signals (cluster.signal, SIGTERM) to the script and, on Slurm,
+  requeues the job under checkpoint.requeue / checkpoint.max_restarts when the script asked
+  for it (toolkit.session.requeue) or was ended by the signal;
+- ends with the script's exit status; the script dies with its wrapper (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from toolkit.config.job import JobConfig
+from toolkit.distributed.env import DistEnv, restart_count
+from toolkit.errors import EXIT_PREEMPTED
+from toolkit.executors.preemption import requeue, signal_number, slurm_job_id
+from toolkit.session import BEAT, ENV, REQUEST, SessionSpec
+from toolkit.telemetry.schema import node_name
+from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
+from toolkit.telemetry.transport import socket_path
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+CPU_PROGRESS_S = 0.05  # CPU seconds of the script per poll that count as progress
+_PR_SET_PDEATHSIG = 1
+
+
+def command(job: JobConfig, run_dir: Path) -> list[str]:
+    """The child's command line: the toolkit's runner, which runs the script as __main__."""
+    cfg = job.script
+    target = ["--module", cfg.module] if cfg.module else ["--path", str(Path(cfg.path).resolve())]
+    runner = [cfg.python or sys.executable, "-m", "toolkit.tasks.script_runner", str(run_dir)]
+    return [*runner, *target, "--", *map(str, cfg.args)]
+
+
+def torchrun_env(env: DistEnv) -> dict[str, str]:
+    """The variables torchrun gives each of its workers."""
+    return {
+        "RANK": str(env.rank),
+        "LOCAL_RANK": str(env.local_rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+        "GROUP_RANK": str(env.node_rank),
+        "NODE_RANK": str(env.node_rank),
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": str(env.master_port),
+    }
+
+
+def node_ranks(env: DistEnv) -> dict[str, list[int]]:
+    """This node's global ranks without a collective: a block of local_world_size ranks
+    (torchrun's layout and srun's default block distribution)."""
+    first = env.node_rank * env.local_world_size
+    return {node_name(): list(range(first, first + env.local_world_size))}
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _pump(src: BinaryIO, dst: BinaryIO, seen: list[int]) -> None:
+    """Copy the script's output to this rank's own stream, counting it (progress)."""
+    for chunk in iter(lambda: src.read1(65536), b""):
+        seen[0] += len(chunk)
+        with contextlib.suppress(OSError, ValueError):
+            dst.write(chunk)
+            dst.flush()
+
+
+def cpu_time_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (its own threads), 0 when unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class Progress:
+    """Process-level progress (output, CPU time) until the script beats itself."""
+
+    def __init__(self, beat_path: Path):
+        self.beat_path = beat_path
+        self.last: tuple[int, float, int] = (0, 0.0, 0)
+        self.step = 0
+        self.stepwise = False  # the script calls toolkit.session.heartbeat()
+
+    def moved(self, output_bytes: int, cpu_s: float) -> bool:
+        beats, step = 0, self.step
+        with contextlib.suppress(OSError, Exception):
+            data = self.beat_path.read_bytes()
+            if len(data) >= BEAT.size:
+                beats, step = BEAT.unpack(data[: BEAT.size])
+        out0, cpu0, beats0 = self.last
+        self.last = (output_bytes, cpu_s, beats)
+        self.step = step
+        if beats:
+            self.stepwise = True
+            return beats != beats0
+        return output_bytes != out0 or cpu_s - cpu0 >= CPU_PROGRESS_S
+
+
+def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict[str, Any]:
+    from toolkit.tasks.train import watchdog_spec
+
+    attempt = restart_count()
+    sinks = build_telemetry_sinks(
+        job.telemetry, env, run_dir, watchdog_spec(job, env), nodes=node_ranks(env)
+    )
+    sink = next((s for s in sinks if isinstance(s, TelemetrySink)), None)
+    hb = sink.heartbeat if sink is not None else None
+    private = Path(socket_path(run_dir, node_name(), env.job_id, attempt)).parent
+    private.mkdir(parents=True, exist_ok=True, mode=0o700)
+    beat_path = private / f"script.rank{env.rank}.beat"
+    beat_path.unlink(missing_ok=True)
+    signals = sorted({signal_number(job.cluster.signal), int(signal.SIGTERM)})
+    spec = SessionSpec(
+        run_dir=str(run_dir),
+        rank=env.rank,
+        attempt=attempt,
+        checkpoint_dir=str(run_dir / "checkpoints"),
+        beat_path=str(beat_path),
+        socket=sink.sender.path if sink is not None else None,
+        stop_signals=signals,
+    )
+    if env.is_rank0:
+        (run_dir / REQUEST).unlink(missing_ok=True)
+    child_env = os.environ | torchrun_env(env) | {ENV: spec.to_env(), "PYTHONUNBUFFERED": "1"}
+    cmd = command(job, run_dir)
+    log.info("rank %d runs %s", env.rank, job.script.command_line())
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in signals}
+    proc = subprocess.Popen(
+        cmd,
+        env=child_env,
+        cwd=job.script.cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - only a prctl: no Python state touched
+    )
+    if hb is not None:
+        hb.pid = proc.pid  # the watchdog dumps and ends the script, not this wrapper
+        hb.beat("startup", 0)
+    seen = [0]
+    pumps = [
+        threading.Thread(target=_pump, args=(src, dst, seen), daemon=True)
+        for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))
+    ]
+    for t in pumps:
+        t.start()
+    progress = Progress(beat_path)
+    forwarded = 0
+    try:
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            while forwarded < len(received):  # the handler only noted it: forward it here
+                with contextlib.suppress(OSError):
+                    proc.send_signal(received[forwarded])
+                forwarded += 1
+            if hb is not None and progress.moved(seen[0], cpu_time_s(proc.pid)):
+                # Startup (hang_startup_timeout_s) until the script shows a sign of life.
+                hb.beat("step", progress.step)
+        for t in pumps:
+            t.join(timeout=5)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in sinks:
+            s.close()
+        beat_path.unlink(missing_ok=True)
+    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+    code = after_script(job, env, run_dir, code, bool(received))
+    if env.is_rank0:
+        write_summary(run_dir, code)
+    return {"exit_code": code}
+
+
+def write_summary(run_dir: Path, code: int) -> None:
+    """RUN_DIR/summary.json, as task=train writes it, from the steps the script logged
+    (toolkit.session.log): what `toolkit status` and `runs` read."""
+    import json
+    import statistics
+
+    from toolkit.events import read_steps
+
+    path = run_dir / "metrics" / "rank0.jsonl"
+    steps = read_steps(path) if path.is_file() else []
+    rates = [float(r["tokens_per_s"]) for r in steps]
+    summary = {
+        "task": "script",
+        "exit_code": code,
+        "stop_reason": "script finished" if code == 0 else f"script exited {code}",
+        "steps": int(steps[-1]["step"]) if steps else 0,
+        "final_loss": float(steps[-1]["loss"]) if steps else None,
+        "median_tokens_per_s": statistics.median(rates) if rates else 0.0,
+    }
+    with contextlib.suppress(OSError):
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def after_script(job: JobConfig, env: DistEnv, run_dir: Path, code: int, signalled: bool) -> int:
+    """The rank's exit status; rank 0 requeues when the script asked (or a preemption
+    signal ended it) and the job may restart."""
+    asked = (run_dir / REQUEST).exists()
+    if not (asked or signalled) or (code != 0 and asked):
+        return code
+    job_id = slurm_job_id(env.source)
+    if job_id is None:
+        return EXIT_PREEMPTED if asked else code  # locally: relaunch into the run dir
+    if not env.is_rank0:
+        return 0
+    restarts = restart_count()
+    if not job.checkpoint.requeue:
+        log.warning("checkpoint.requeue=false: not requeueing job %s", job_id)
+    elif restarts >= job.checkpoint.max_restarts:
+        log.error(
+            "job %s restarted %d times (checkpoint.max_restarts=%d): not requeueing",
+            job_id,
+            restarts,
+            job.checkpoint.max_restarts,
+        )
+    else:
+        (run_dir / REQUEST).unlink(missing_ok=True)
+        done = requeue(job_id)
+        log.warning(
+            "script %s: job %s requeued=%s", "asked" if asked else "signalled", job_id, done
+        )
+        return 0
+    return code or EXIT_PREEMPTED

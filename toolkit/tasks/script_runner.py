@@ -1,0 +1,49 @@
+"""The child the rank wrapper starts (toolkit.tasks.script):
+`python -m toolkit.tasks.script_runner RUN_DIR (--path FILE | --module NAME) -- ARGS...`.
+
+Installs the stack dump for the hang watchdog (DUMP_SIGNAL), then runs the script as
+`__main__` with sys.argv as `python FILE ARGS` or `python -m NAME ARGS` would set it. A
+failure keeps its traceback in RUN_DIR/logs/error-rank<k>.txt for the launcher to show.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    run_dir, kind, target = Path(argv[0]), argv[1], argv[2]
+    args = argv[4:] if len(argv) > 3 and argv[3] == "--" else argv[3:]
+    rank = int(os.environ.get("RANK", "0"))
+    from toolkit.fault.hang import install_stack_dump
+
+    install_stack_dump(run_dir, rank)
+    try:
+        if kind == "--module":
+            sys.argv = [target, *args]
+            sys.path[0] = os.getcwd()  # as `python -m` does
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *args]
+            sys.path[0] = str(Path(target).parent)  # as `python FILE` does
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException:  # noqa: BLE001 - the script's failure, with its rank, for the launcher
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        try:
+            (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            (run_dir / "logs" / f"error-rank{rank}.txt").write_text(text)
+        finally:
+            sys.stderr.flush()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
