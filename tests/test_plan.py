@@ -21,8 +21,12 @@ FAST = HardwareConfig(name="fast", peak_flops_fp32=1e12, memory_bytes=1e12)
 
 def test_layouts_cover_the_global_batch_every_way():
     found = layouts(BASE, 32)  # 4 sequences per rank
-    # replicate in {1,2,4,8} x accum in {1,2,4} x AC x reshard
-    assert len(found) == 4 * 3 * 2 * 2
+    # replicate in {1,2,4,8} x AC x reshard x (accum 1, or accum in {2,4} x grad_sync
+    # {last, every} x reshard_between_micro_steps)
+    assert len(found) == 4 * 2 * 2 * (1 + 2 * 2 * 2)
+    with_accum = {(lay.grad_sync, lay.reshard_between_micro_steps) for lay in found}
+    assert with_accum == {("every", True), ("last", True), ("last", False), ("every", False)}
+    assert all(lay.grad_sync == "every" for lay in found if lay.grad_accum == 1)
     assert all(lay.micro_batch_size * lay.grad_accum * lay.world_size == 32 for lay in found)
     assert layouts(BASE, 12) == []  # not a multiple of the world size
 

@@ -4,7 +4,9 @@ recommend a layout for a fixed global batch, and its cost.
 Enumerates the layouts the toolkit runs for the configured model, hardware, cluster and
 global batch (tensor-parallel degree inside a node, pipeline stages and schedule, FSDP or
 HSDP replicate sizes, micro-batch x accumulation, activation checkpointing,
-reshard_after_forward, and on GPUs the memory options: the fused linear cross-entropy
+reshard_after_forward, with accumulation the gradient sync per micro-step
+`trainer.grad_sync=last|every` and `trainer.reshard_between_micro_steps`, and on GPUs the
+memory options: the fused linear cross-entropy
 `model.kernels=liger` where tp == 1 and 8-bit optimizer states `optim=adamw8bit`, each only
 where its code is installed), drops those the performance model says do not fit, ranks the
 rest by predicted tokens/s and prints the top K with the dominant term and the overrides that
@@ -65,6 +67,12 @@ class Plan:
             f"parallel.activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"parallel.reshard_after_forward={str(lay.reshard_after_forward).lower()}",
         ]
+        if lay.grad_accum > 1 and lay.pp == 1:
+            out += [
+                f"trainer.grad_sync={lay.grad_sync}",
+                "trainer.reshard_between_micro_steps="
+                + str(lay.reshard_between_micro_steps).lower(),
+            ]
         if lay.kernels != DEFAULT_KERNELS:
             out.append(f"model.kernels={lay.kernels}")
         if lay.optimizer != DEFAULT_OPTIMIZER:
@@ -144,26 +152,41 @@ def layouts(
                         continue
                     for ac in (False, True):
                         for reshard in (True, False):
-                            for kernel, optimizer in memory_option_pairs(
-                                tp, model, kernels, optimizers
-                            ):
-                                found.append(
-                                    dataclasses.replace(
-                                        base,
-                                        tp=tp,
-                                        pp=pp,
-                                        pp_schedule=schedule,
-                                        pp_virtual_stages=v,
-                                        replicate=replicate,
-                                        micro_batch_size=per_rank // accum,
-                                        grad_accum=accum,
-                                        activation_checkpointing=ac,
-                                        reshard_after_forward=reshard,
-                                        kernels=kernel,
-                                        optimizer=optimizer,
+                            for sync, between in micro_step_options(pp, accum):
+                                for kernel, optimizer in memory_option_pairs(
+                                    tp, model, kernels, optimizers
+                                ):
+                                    found.append(
+                                        dataclasses.replace(
+                                            base,
+                                            tp=tp,
+                                            pp=pp,
+                                            pp_schedule=schedule,
+                                            pp_virtual_stages=v,
+                                            replicate=replicate,
+                                            micro_batch_size=per_rank // accum,
+                                            grad_accum=accum,
+                                            activation_checkpointing=ac,
+                                            reshard_after_forward=reshard,
+                                            grad_sync=sync,
+                                            reshard_between_micro_steps=between,
+                                            kernels=kernel,
+                                            optimizer=optimizer,
+                                        )
                                     )
-                                )
     return found
+
+
+def micro_step_options(pp: int, accum: int) -> list[tuple[str, bool]]:
+    """(trainer.grad_sync, trainer.reshard_between_micro_steps) for one layout, today's
+    first: both of each with accumulation; one micro-step has nothing between micro-steps;
+    a pipeline's stages reduce after the last micro-batch and stay gathered in between
+    (torch's PipelineStage decides)."""
+    if pp > 1:
+        return [("last", False)]
+    if accum == 1:
+        return [("every", True)]
+    return [(sync, between) for sync in ("last", "every") for between in (True, False)]
 
 
 def rank_plans(
