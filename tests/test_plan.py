@@ -295,3 +295,33 @@ def test_the_overrides_of_a_memory_bound_plan_compose():
     overrides = fused.overrides()
     job = to_job(compose_raw(["model=gpt_tiny", *overrides]))
     assert (job.model.kernels, job.optim.name) == ("liger", "adamw8bit")
+
+
+# -- defaults a GPU user expects ----------------------------------------------------------
+def plan_cli(capsys, *args: str) -> str:
+    from toolkit.plan import main
+
+    assert main(["--top", "1", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_on_a_gpu_preset_the_plan_is_bf16_at_the_models_sequence_length(capsys):
+    out = plan_cli(capsys, "model=gpt_small", "hardware=h100", "cluster.tasks_per_node=8")
+    assert "precision: bf16 (a GPU preset, h100" in out
+    assert "sequence length: 512, the model's max_seq_len" in out  # not data.seq_len's 128
+    # the global batch it planned for, and where it came from: 8 x 1 x 8 sequences
+    assert "planned for a global batch of 64 sequences x 512 tokens = 32,768 tokens" in out
+    assert "gpt_small on 8 x h100, bf16, global batch 64 x 512 tokens" in out
+
+
+def test_what_the_user_sets_wins_over_the_planners_defaults(capsys):
+    out = plan_cli(capsys, "--seq-len", "256", "model=gpt_small", "hardware=h100", "precision=fp32")
+    assert "precision: bf16" not in out and "sequence length:" not in out
+    assert ", fp32, global batch" in out and "x 256 tokens" in out
+    out = plan_cli(capsys, "model=gpt_small", "hardware=h100", "data.seq_len=64")
+    assert "x 64 tokens" in out
+
+
+def test_the_title_names_the_shape_planned_when_overrides_change_it(capsys):
+    out = plan_cli(capsys, "model=gpt_small", "model.dim=256", "model.num_layers=2")
+    assert "gpt_small (overridden: dim=256, num_layers=2) on" in out

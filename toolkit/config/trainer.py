@@ -8,7 +8,6 @@ from typing import Any
 from toolkit.config.errors import below_minimum, not_one_of
 from toolkit.config.targets import IMPORT_PATH, TARGET
 
-
 GRAD_SYNC_MODES = ("auto", "every", "last")
 
 

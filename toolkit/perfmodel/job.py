@@ -8,6 +8,7 @@ from toolkit.config.hardware import HardwareConfig
 from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig
 from toolkit.config.parallel import mesh_shape
+from toolkit.config.parallel import problems as parallel_problems
 from toolkit.config.shape import tasks_per_node, world_size
 from toolkit.perfmodel.model import Layout, Prediction, predict
 
@@ -69,7 +70,7 @@ def grad_sync_choice(
     last, every = (predict(model, replace(layout, grad_sync=m), hw) for m in GRAD_SYNC_MODES)
 
     def said(p: Prediction) -> str:
-        return f"peak {p.memory['peak_bytes'] / 2**30:,.2f} GiB, step {p.step_s * 1e3:,.1f} ms"
+        return f"peak {p.memory['peak_bytes'] / 2**20:,.1f} MiB, step {p.step_s * 1e3:,.1f} ms"
 
     both = f"last: {said(last)}; every: {said(every)}; device {capacity_gib(last)}"
     if last.fits and (not every.fits or last.step_s <= every.step_s):
@@ -81,7 +82,7 @@ def grad_sync_choice(
 
 
 def capacity_gib(p: Prediction) -> str:
-    return f"{p.memory['capacity_bytes'] / 2**30:,.2f} GiB per rank"
+    return f"{p.memory['capacity_bytes'] / 2**20:,.0f} MiB per rank"
 
 
 def job_grad_sync(job: JobConfig, world: int | None = None) -> tuple[str, str]:
@@ -99,6 +100,14 @@ def job_grad_sync(job: JobConfig, world: int | None = None) -> tuple[str, str]:
         )
     layout = layout_from_job(job, world)
     return grad_sync_choice(job.model, layout, job.hardware)
+
+
+def layout_problems(job: JobConfig, world: int | None = None) -> list[str]:
+    """What the launcher refuses about this layout (toolkit.config.parallel.problems: e.g. a
+    pipeline schedule with fewer micro-batches than its stages), one line each: a layout
+    that cannot run has no prediction."""
+    world = world_size(job.cluster) if world is None else world
+    return parallel_problems(job.parallel, world, job.model, job.trainer.grad_accum)
 
 
 def checkpoint_stall_s(job: JobConfig, state_bytes: float) -> float:
