@@ -21,8 +21,12 @@ FAST = HardwareConfig(name="fast", peak_flops_fp32=1e12, memory_bytes=1e12)
 
 def test_layouts_cover_the_global_batch_every_way():
     found = layouts(BASE, 32)  # 4 sequences per rank
-    # replicate in {1,2,4,8} x accum in {1,2,4} x AC x reshard
-    assert len(found) == 4 * 3 * 2 * 2
+    # replicate in {1,2,4,8} x AC x reshard x (accum 1, or accum in {2,4} x grad_sync
+    # {last, every} x reshard_between_micro_steps)
+    assert len(found) == 4 * 2 * 2 * (1 + 2 * 2 * 2)
+    with_accum = {(lay.grad_sync, lay.reshard_between_micro_steps) for lay in found}
+    assert with_accum == {("every", True), ("last", True), ("last", False), ("every", False)}
+    assert all(lay.grad_sync == "every" for lay in found if lay.grad_accum == 1)
     assert all(lay.micro_batch_size * lay.grad_accum * lay.world_size == 32 for lay in found)
     assert layouts(BASE, 12) == []  # not a multiple of the world size
 
@@ -291,3 +295,33 @@ def test_the_overrides_of_a_memory_bound_plan_compose():
     overrides = fused.overrides()
     job = to_job(compose_raw(["model=gpt_tiny", *overrides]))
     assert (job.model.kernels, job.optim.name) == ("liger", "adamw8bit")
+
+
+# -- defaults a GPU user expects ----------------------------------------------------------
+def plan_cli(capsys, *args: str) -> str:
+    from toolkit.plan import main
+
+    assert main(["--top", "1", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_on_a_gpu_preset_the_plan_is_bf16_at_the_models_sequence_length(capsys):
+    out = plan_cli(capsys, "model=gpt_small", "hardware=h100", "cluster.tasks_per_node=8")
+    assert "precision: bf16 (a GPU preset, h100" in out
+    assert "sequence length: 512, the model's max_seq_len" in out  # not data.seq_len's 128
+    # the global batch it planned for, and where it came from: 8 x 1 x 8 sequences
+    assert "planned for a global batch of 64 sequences x 512 tokens = 32,768 tokens" in out
+    assert "gpt_small on 8 x h100, bf16, global batch 64 x 512 tokens" in out
+
+
+def test_what_the_user_sets_wins_over_the_planners_defaults(capsys):
+    out = plan_cli(capsys, "--seq-len", "256", "model=gpt_small", "hardware=h100", "precision=fp32")
+    assert "precision: bf16" not in out and "sequence length:" not in out
+    assert ", fp32, global batch" in out and "x 256 tokens" in out
+    out = plan_cli(capsys, "model=gpt_small", "hardware=h100", "data.seq_len=64")
+    assert "x 64 tokens" in out
+
+
+def test_the_title_names_the_shape_planned_when_overrides_change_it(capsys):
+    out = plan_cli(capsys, "model=gpt_small", "model.dim=256", "model.num_layers=2")
+    assert "gpt_small (overridden: dim=256, num_layers=2) on" in out

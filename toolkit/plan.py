@@ -4,7 +4,9 @@ recommend a layout for a fixed global batch, and its cost.
 Enumerates the layouts the toolkit runs for the configured model, hardware, cluster and
 global batch (tensor-parallel degree inside a node, pipeline stages and schedule, FSDP or
 HSDP replicate sizes, micro-batch x accumulation, activation checkpointing,
-reshard_after_forward, and on GPUs the memory options: the fused linear cross-entropy
+reshard_after_forward, with accumulation the gradient sync per micro-step
+`trainer.grad_sync=last|every` and `trainer.reshard_between_micro_steps`, and on GPUs the
+memory options: the fused linear cross-entropy
 `model.kernels=liger` where tp == 1 and 8-bit optimizer states `optim=adamw8bit`, each only
 where its code is installed), drops those the performance model says do not fit, ranks the
 rest by predicted tokens/s and prints the top K with the dominant term and the overrides that
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.job import JobConfig
-from toolkit.config.model import TransformerConfig
+from toolkit.config.model import TransformerConfig, display_name, max_seq_len
 from toolkit.config.shape import global_batch_size, tasks_per_node, world_size
 from toolkit.perfmodel import Layout, Prediction, predict
 
@@ -65,6 +67,12 @@ class Plan:
             f"parallel.activation_checkpointing={str(lay.activation_checkpointing).lower()}",
             f"parallel.reshard_after_forward={str(lay.reshard_after_forward).lower()}",
         ]
+        if lay.grad_accum > 1 and lay.pp == 1:
+            out += [
+                f"trainer.grad_sync={lay.grad_sync}",
+                "trainer.reshard_between_micro_steps="
+                + str(lay.reshard_between_micro_steps).lower(),
+            ]
         if lay.kernels != DEFAULT_KERNELS:
             out.append(f"model.kernels={lay.kernels}")
         if lay.optimizer != DEFAULT_OPTIMIZER:
@@ -144,26 +152,41 @@ def layouts(
                         continue
                     for ac in (False, True):
                         for reshard in (True, False):
-                            for kernel, optimizer in memory_option_pairs(
-                                tp, model, kernels, optimizers
-                            ):
-                                found.append(
-                                    dataclasses.replace(
-                                        base,
-                                        tp=tp,
-                                        pp=pp,
-                                        pp_schedule=schedule,
-                                        pp_virtual_stages=v,
-                                        replicate=replicate,
-                                        micro_batch_size=per_rank // accum,
-                                        grad_accum=accum,
-                                        activation_checkpointing=ac,
-                                        reshard_after_forward=reshard,
-                                        kernels=kernel,
-                                        optimizer=optimizer,
+                            for sync, between in micro_step_options(pp, accum):
+                                for kernel, optimizer in memory_option_pairs(
+                                    tp, model, kernels, optimizers
+                                ):
+                                    found.append(
+                                        dataclasses.replace(
+                                            base,
+                                            tp=tp,
+                                            pp=pp,
+                                            pp_schedule=schedule,
+                                            pp_virtual_stages=v,
+                                            replicate=replicate,
+                                            micro_batch_size=per_rank // accum,
+                                            grad_accum=accum,
+                                            activation_checkpointing=ac,
+                                            reshard_after_forward=reshard,
+                                            grad_sync=sync,
+                                            reshard_between_micro_steps=between,
+                                            kernels=kernel,
+                                            optimizer=optimizer,
+                                        )
                                     )
-                                )
     return found
+
+
+def micro_step_options(pp: int, accum: int) -> list[tuple[str, bool]]:
+    """(trainer.grad_sync, trainer.reshard_between_micro_steps) for one layout, today's
+    first: both of each with accumulation; one micro-step has nothing between micro-steps;
+    a pipeline's stages reduce after the last micro-batch and stay gathered in between
+    (torch's PipelineStage decides)."""
+    if pp > 1:
+        return [("last", False)]
+    if accum == 1:
+        return [("every", True)]
+    return [(sync, between) for sync in ("last", "every") for between in (True, False)]
 
 
 def rank_plans(
@@ -210,18 +233,77 @@ def memory_options(job: JobConfig) -> tuple[tuple[str, ...], tuple[str, ...], li
     return tuple(kernels), tuple(optimizers), [f"not enumerated: {line}" for line in skipped]
 
 
-def base_layout(job: JobConfig) -> Layout:
+def base_layout(job: JobConfig, seq_len: int | None = None) -> Layout:
+    """The layout every plan varies: the cluster's ranks, the job's precision and memory
+    options, `seq_len` tokens per sequence (None: data.seq_len)."""
     ranks_per_node = job.cluster.gpus_per_node or tasks_per_node(job.cluster)
     return Layout(
         world_size=job.cluster.nodes * ranks_per_node,
         ranks_per_node=ranks_per_node,
         micro_batch_size=1,
         grad_accum=1,
-        seq_len=job.data.seq_len,
+        seq_len=job.data.seq_len if seq_len is None else seq_len,
         param_dtype=job.precision.param_dtype,
         reduce_dtype=job.precision.reduce_dtype,
         kernels=job.model.kernels,
         optimizer=job.optim.name,
+    )
+
+
+SHAPE_FIELDS = ("num_layers", "dim", "num_heads", "mlp_ratio", "vocab_size", "max_seq_len")
+
+
+def planning_defaults(
+    job: JobConfig, overrides: list[str], seq_len: int | None
+) -> tuple[list[str], list[str]]:
+    """Overrides to add to the user's so that the plan is for what a GPU user trains, and
+    one line per default taken: bf16 on a GPU preset unless precision= is given; the
+    model's max_seq_len tokens per sequence unless data.seq_len= or --seq-len is given
+    (data.seq_len's preset default is a CPU test's)."""
+    added, said = [], []
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    if job.hardware.cores_per_node == 0 and "precision" not in given:
+        added.append("precision=bf16")
+        said.append(
+            f"precision: bf16 (a GPU preset, {job.hardware.name}; precision=NAME to choose)"
+        )
+    model_len = max_seq_len(job.model)
+    if seq_len is not None:
+        added.append(f"data.seq_len={seq_len}")
+    elif "data.seq_len" not in given and model_len > 0 and model_len != job.data.seq_len:
+        added.append(f"data.seq_len={model_len}")
+        said.append(
+            f"sequence length: {model_len}, the model's max_seq_len (--seq-len N or "
+            "data.seq_len=N to choose)"
+        )
+    return added, said
+
+
+def shape_name(job: JobConfig, overrides: list[str]) -> str:
+    """The model's name, with the shape overrides that changed it."""
+    changed = [
+        o.split("=", 1)[0].removeprefix("model.") + "=" + o.split("=", 1)[1]
+        for o in overrides
+        if "=" in o
+        and o.split("=", 1)[0].removeprefix("model.") in SHAPE_FIELDS
+        and o.startswith("model.")
+    ]
+    name = display_name(job.model)
+    return f"{name} (overridden: {', '.join(changed)})" if changed else name
+
+
+def batch_line(job: JobConfig, world: int, batch: int, seq_len: int) -> str:
+    """The global batch planned for and where it comes from."""
+    t = job.trainer
+    source = (
+        "trainer.global_batch_size"
+        if t.global_batch_size
+        else f"trainer.micro_batch_size x grad_accum x ranks = {t.micro_batch_size} x "
+        f"{t.grad_accum} x {world}; trainer.global_batch_size=N to choose"
+    )
+    return (
+        f"planned for a global batch of {batch} sequences x {seq_len} tokens = "
+        f"{batch * seq_len:,} tokens per step ({source})"
     )
 
 
@@ -297,12 +379,27 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="--check K runs K plans spread over the ranking (best, worst, between), not the top K",
     )
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="tokens per sequence to plan for (default: data.seq_len= if given, else the "
+        "model's max_seq_len)",
+    )
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
     from toolkit.config.compose import compose_raw, job_or_none, to_job
 
+    if args.seq_len is not None and args.seq_len < 1:
+        print(f"error: --seq-len={args.seq_len}: must be >= 1", file=sys.stderr)
+        return 2
     job = job_or_none(args.overrides)
+    if job is None:
+        return 2
+    added, defaults = planning_defaults(job, args.overrides, args.seq_len)
+    overrides = [*args.overrides, *added]  # what the plans are for, and --check/--cost run
+    job = job_or_none(overrides) if added else job
     if job is None:
         return 2
     base = base_layout(job)
@@ -310,9 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     kernels, optimizers, skipped = memory_options(job)
     plans, dropped = rank_plans(job.model, base, job.hardware, batch, kernels, optimizers)
     title = (
-        f"{job.model.name} on {base.world_size} x {job.hardware.name}, global batch {batch} "
-        f"x {base.seq_len} tokens"
+        f"{shape_name(job, overrides)} on {base.world_size} x {job.hardware.name}, "
+        f"{job.precision.name}, global batch {batch} x {base.seq_len} tokens"
     )
+    for line in defaults:
+        print(line)
+    print(batch_line(job, world_size(job.cluster), batch, base.seq_len))
     print_plans(plans, dropped, args.top, title)
     for line in skipped:
         print(line)
@@ -327,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         presets = {
-            n: to_job(compose_raw([*args.overrides, f"hardware={n}"])).hardware for n in price_table
+            n: to_job(compose_raw([*overrides, f"hardware={n}"])).hardware for n in price_table
         }
         rows = cost_rows(
             job.model, base, batch, presets, price_table, args.tokens, kernels, optimizers
@@ -346,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         from toolkit.plan_check import check, spread
 
         chosen = spread(plans, args.check) if args.spread else plans[: args.check]
-        return check(chosen, args.overrides, args.steps)
+        return check(chosen, overrides, args.steps)
     return 0
 
 

@@ -58,3 +58,23 @@ def test_layout_follows_the_job_batch_rules():
     layout = layout_from_job(job)
     # 64 sequences over 4 ranks x 1 accumulation step = 16 per rank; 2 replicas of 2 shards
     assert (layout.world_size, layout.micro_batch_size, layout.shard_size) == (4, 16, 2)
+
+
+def test_a_pipeline_with_fewer_micro_batches_than_stages_is_refused_as_at_launch():
+    result = perfmodel(
+        "model=gpt_tiny", "parallel.pp=2", "cluster.tasks_per_node=2", "trainer.grad_accum=1"
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: parallel.pp=2: trainer.grad_accum=1 micro-batches")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_7b_model_accumulating_with_grad_sync_last_holds_its_whole_fp32_gradient():
+    shape = ["model=gpt_7b", "precision=bf16", "hardware=h100", "cluster.tasks_per_node=8"]
+    held = {}
+    for mode in ("last", "every"):
+        job = to_job(compose_raw([*shape, "trainer.grad_accum=4", f"trainer.grad_sync={mode}"]))
+        held[mode] = predict_job(job).memory["accumulated_grads_bytes"] / 2**30
+    # 6.87e9 parameters x 4 B on every rank, against their eighth with every micro-step reduced
+    assert held["last"] == pytest.approx(25.6, abs=0.05)
+    assert held["every"] == pytest.approx(25.6 / 8, abs=0.01)

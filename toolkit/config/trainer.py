@@ -6,8 +6,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolkit.config.errors import below_minimum
+from toolkit.config.errors import below_minimum, not_one_of
 from toolkit.config.targets import IMPORT_PATH, TARGET
+
+GRAD_SYNC_MODES = ("auto", "every", "last")
 
 
 @dataclass
@@ -29,6 +31,16 @@ class TrainerConfig:
     # toolkit's: [{_target_: mypkg.callbacks.MyCallback, arg: 1}], the other keys keyword
     # arguments. A callback's eval_metrics() go into each eval event and summary.json.
     callbacks: list[dict[str, Any]] = field(default_factory=list)
+    # FSDP2's gradient reduction across micro-steps when grad_accum > 1: "every" reduce-scatters
+    # each micro-step (sharded gradients accumulate: least memory, accum x the reduce-scatter
+    # traffic); "last" only on the last (every rank keeps the whole unsharded gradient in the
+    # reduce dtype until then: one reduce-scatter); "auto": the faster of the two that fits,
+    # as the performance model predicts it (toolkit.perfmodel.job.grad_sync_choice).
+    grad_sync: str = "auto"
+    # False: non-final micro-steps keep their parameters unsharded after backward
+    # (FSDPModule.set_reshard_after_backward), saving the next forward's all-gathers for
+    # the memory of the whole unsharded model. Only matters when grad_accum > 1.
+    reshard_between_micro_steps: bool = True
     # A step whose loss or grad norm is NaN/inf (any rank) is never applied to the weights and
     # never checkpointed. stop: end the run there (exit 80, one line naming the step);
     # skip: leave the weights as they were and go on with the next batch.
@@ -51,6 +63,7 @@ def problems(t: TrainerConfig, world: int) -> list[str]:
         p.append(f"trainer.time_budget_s={budget}: must be a positive number of seconds (or null)")
     if t.target_val_loss is not None and not math.isfinite(t.target_val_loss):
         p.append(f"trainer.target_val_loss={t.target_val_loss}: must be a finite number (or null)")
+    p += not_one_of("trainer", t, {"grad_sync": GRAD_SYNC_MODES})
     if t.grad_accum < 1:
         return p
     if t.global_batch_size is not None:

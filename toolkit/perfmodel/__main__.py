@@ -12,7 +12,7 @@ import json
 import sys
 
 from toolkit.config.compose import job_or_none
-from toolkit.perfmodel.job import predict_job
+from toolkit.perfmodel.job import layout_problems, predict_job
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +26,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.world is not None and args.world < 1:
         print(f"error: --world={args.world}: must be >= 1", file=sys.stderr)
+        return 2
+    refused = layout_problems(job, args.world)
+    for line in refused:
+        print(f"error: {line}", file=sys.stderr)
+    if refused:
         return 2
     try:
         prediction = predict_job(job, args.world)

@@ -93,10 +93,19 @@ def fsdp_communication(
     param_dtype: str,
     reduce_dtype: str,
     reshard_after_forward: bool,
+    reductions: int = 1,
+    forward_gathers: int | None = None,
 ) -> dict[str, float]:
     """FSDP2/HSDP traffic of a rank holding `total` parameters: `blocks` block units of
     `block` parameters each and a root unit of the rest (none on a middle pipeline stage).
-    Under tensor parallelism the counts are the rank's tensor-parallel shard."""
+    Under tensor parallelism the counts are the rank's tensor-parallel shard.
+
+    `reductions`: reduce-scatters of each unit per step (1: the last micro-step's only,
+    trainer.grad_sync=last; grad_accum: every micro-step's). `forward_gathers`: micro-steps
+    whose forward gathers the parameters (None: all; 1 when they stay unsharded between
+    micro-steps, trainer.reshard_between_micro_steps=false). HSDP's replica all-reduce runs
+    once per step either way (set_requires_all_reduce on the last micro-step only)."""
+    forward_gathers = grad_accum if forward_gathers is None else forward_gathers
     p_bytes = DTYPE_BYTES[param_dtype]
     r_bytes = DTYPE_BYTES[reduce_dtype]
     root = total - blocks * block
@@ -107,14 +116,14 @@ def fsdp_communication(
     regathered = blocks - 1 if reshard_after_forward else 0
     gathers = shard_size > 1
     r = replicate
+    gathered = forward_gathers * total + grad_accum * regathered * block
     return {
-        "allgather_bytes": grad_accum * (total + regathered * block) * p_bytes * frac,
-        "allgather_calls": grad_accum * (units + regathered) if gathers else 0,
-        "first_allgather_bytes": grad_accum * (root + block) * p_bytes * frac,
-        "first_allgather_calls": (1 + int(root > 0)) * grad_accum if gathers else 0,
-        # Gradients are reduced once per step (non-final micro-steps skip the reduce-scatter).
-        "reduce_scatter_bytes": total * r_bytes * frac,
-        "reduce_scatter_calls": units if gathers else 0,
+        "allgather_bytes": gathered * p_bytes * frac,
+        "allgather_calls": forward_gathers * units + grad_accum * regathered if gathers else 0,
+        "first_allgather_bytes": forward_gathers * (root + block) * p_bytes * frac,
+        "first_allgather_calls": (1 + int(root > 0)) * forward_gathers if gathers else 0,
+        "reduce_scatter_bytes": reductions * total * r_bytes * frac,
+        "reduce_scatter_calls": reductions * units if gathers else 0,
         "last_reduce_scatter_bytes": (root if root > 0 else block) * r_bytes * frac,
         "replica_allreduce_bytes": 2.0 * (r - 1) / r * total / shard_size * r_bytes if r > 1 else 0,
         "replica_allreduce_calls": units if r > 1 else 0,
@@ -132,6 +141,8 @@ def fsdp_copy_bytes(
     param_dtype: str,
     reduce_dtype: str,
     reshard_after_forward: bool,
+    reductions: int = 1,
+    forward_gathers: int | None = None,
 ) -> float:
     """Bytes FSDP2's own copies move per step on a rank (memory traffic, not the link's),
     on one rank as on many (torch.distributed.fsdp._fully_shard._fsdp_collectives):
@@ -144,16 +155,22 @@ def fsdp_copy_bytes(
       cast to the reduce dtype, into the reduce buffer (p + r per unsharded element);
     * the reduced shard becomes the fp32 sharded gradient (r + 4 per shard element);
     * grad accumulation: every micro-step after the first adds its unsharded gradients into
-      the kept ones, held in the reduce dtype (read p and r, write r per element).
+      the kept ones, held in the reduce dtype (read p and r, write r per element); reducing
+      every micro-step (`reductions` = grad_accum) instead adds each reduced shard into the
+      fp32 sharded gradient (read 4 and 4, write 4 per shard element).
 
     Gathers and reduces are counted as in `fsdp_communication`."""
+    forward_gathers = grad_accum if forward_gathers is None else forward_gathers
     p = DTYPE_BYTES[param_dtype]
     r = DTYPE_BYTES[reduce_dtype]
     regathered = blocks - 1 if reshard_after_forward else 0
-    gathered = grad_accum * (total + regathered * block)
+    gathered = forward_gathers * total + grad_accum * regathered * block
     allgather = gathered * ((FP32 + p) / shard_size + 2 * p)
-    reduce_scatter = total * ((p + r) + (r + FP32) / shard_size)
-    accumulate = (grad_accum - 1) * total * (p + 2 * r)
+    reduce_scatter = reductions * total * ((p + r) + (r + FP32) / shard_size)
+    if reductions > 1:
+        accumulate = (reductions - 1) * total / shard_size * 3 * FP32
+    else:
+        accumulate = (grad_accum - 1) * total * (p + 2 * r)
     return allgather + reduce_scatter + accumulate
 
 

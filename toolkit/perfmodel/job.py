@@ -5,10 +5,15 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
+from toolkit.config.hardware import HardwareConfig
 from toolkit.config.job import JobConfig
+from toolkit.config.model import TransformerConfig
 from toolkit.config.parallel import mesh_shape
+from toolkit.config.parallel import problems as parallel_problems
 from toolkit.config.shape import tasks_per_node, world_size
 from toolkit.perfmodel.model import Layout, Prediction, predict
+
+GRAD_SYNC_MODES = ("last", "every")  # what trainer.grad_sync=auto chooses between
 
 
 def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
@@ -25,7 +30,7 @@ def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
     else:  # the global batch is split over the data-parallel ranks only
         micro = trainer.global_batch_size // (shape.dp * trainer.grad_accum)
     par = job.parallel
-    return Layout(
+    layout = Layout(
         world_size=world,
         ranks_per_node=min(world, tasks_per_node(job.cluster)),
         micro_batch_size=micro,
@@ -43,7 +48,67 @@ def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
         pp_split=tuple(par.pp_split),
         kernels=job.model.kernels,
         optimizer=job.optim.name,
+        reshard_between_micro_steps=trainer.reshard_between_micro_steps,
     )
+    if shape.pp > 1:  # torch's PipelineStage: reduce after the last micro-batch, keep gathered
+        return replace(layout, grad_sync="last", reshard_between_micro_steps=False)
+    if trainer.grad_sync != "auto":
+        return replace(layout, grad_sync=trainer.grad_sync)
+    if not isinstance(job.model, TransformerConfig):
+        return replace(layout, grad_sync="every")
+    return replace(layout, grad_sync=grad_sync_choice(job.model, layout, job.hardware)[0])
+
+
+def grad_sync_choice(
+    model: TransformerConfig, layout: Layout, hw: HardwareConfig
+) -> tuple[str, str]:
+    """trainer.grad_sync=auto resolved: (mode, why). "last" where it fits and is predicted
+    no slower than "every" (it moves grad_accum x fewer reduce-scatter bytes), else
+    "every" (its gradient memory does not grow to the whole model); "every" also where
+    neither fits, as the smaller of the two."""
+    if layout.grad_accum == 1:
+        return "every", "grad_accum=1: one micro-step, reduced once either way"
+    last, every = (predict(model, replace(layout, grad_sync=m), hw) for m in GRAD_SYNC_MODES)
+
+    def said(p: Prediction) -> str:
+        return f"peak {p.memory['peak_bytes'] / 2**20:,.1f} MiB, step {p.step_s * 1e3:,.1f} ms"
+
+    both = f"last: {said(last)}; every: {said(every)}; device {capacity_gib(last)}"
+    if last.fits and (not every.fits or last.step_s <= every.step_s):
+        return "last", f"fits and is no slower ({both})"
+    if every.fits:
+        why = "faster" if last.fits else "last does not fit"
+        return "every", f"{why} ({both})"
+    return "every", f"neither fits, every needs less memory ({both})"
+
+
+def capacity_gib(p: Prediction) -> str:
+    return f"{p.memory['capacity_bytes'] / 2**20:,.0f} MiB per rank"
+
+
+def job_grad_sync(job: JobConfig, world: int | None = None) -> tuple[str, str]:
+    """trainer.grad_sync as the job runs it, and why (the performance model's choice for
+    auto; toolkit.train.steps.Accumulation applies it)."""
+    mode = job.trainer.grad_sync
+    if job.parallel.pp > 1:
+        return "last", "pipeline: torch's PipelineStage reduces after the last micro-batch"
+    if mode != "auto":
+        return mode, "set: trainer.grad_sync"
+    if not isinstance(job.model, TransformerConfig):
+        return (
+            "every",
+            "auto, no performance model for this model: every, whose gradient memory does not grow with accumulation",
+        )
+    layout = layout_from_job(job, world)
+    return grad_sync_choice(job.model, layout, job.hardware)
+
+
+def layout_problems(job: JobConfig, world: int | None = None) -> list[str]:
+    """What the launcher refuses about this layout (toolkit.config.parallel.problems: e.g. a
+    pipeline schedule with fewer micro-batches than its stages), one line each: a layout
+    that cannot run has no prediction."""
+    world = world_size(job.cluster) if world is None else world
+    return parallel_problems(job.parallel, world, job.model, job.trainer.grad_accum)
 
 
 def checkpoint_stall_s(job: JobConfig, state_bytes: float) -> float:

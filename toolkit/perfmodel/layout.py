@@ -30,6 +30,27 @@ class Layout:
     pp_split: tuple[int, ...] = ()  # blocks per stage (pp x virtual); () = balanced by cost
     kernels: str = "torch"  # model.kernels: liger runs the fused linear cross-entropy
     optimizer: str = "adamw"  # optim.name: sets the optimizer state bytes per parameter
+    # trainer.grad_sync resolved (toolkit.perfmodel.job.grad_sync_choice): "last" reduces
+    # once per step, keeping the unsharded gradient across micro-steps; "every" reduces
+    # each micro-step into the sharded gradient.
+    grad_sync: str = "last"
+    reshard_between_micro_steps: bool = True  # False: parameters stay gathered across them
+
+    @property
+    def reductions(self) -> int:
+        """Reduce-scatters of each unit per step: every micro-step's, or the last's only."""
+        return self.grad_accum if self.grad_sync == "every" else 1
+
+    @property
+    def keeps_unsharded_grads(self) -> bool:
+        """Non-final micro-steps keep the whole unsharded gradient (grad_sync=last)."""
+        return self.grad_accum > 1 and self.grad_sync == "last"
+
+    @property
+    def keeps_params_gathered(self) -> bool:
+        """Non-final micro-steps keep the parameters unsharded after backward, so the next
+        forward gathers nothing."""
+        return self.grad_accum > 1 and not self.reshard_between_micro_steps
 
     @property
     def dp(self) -> int:

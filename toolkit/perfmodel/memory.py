@@ -34,6 +34,19 @@ def block_activation_units(mlp_ratio: float) -> float:
     return tp.block_activation_units(mlp_ratio, 1)
 
 
+def accumulated_grads_bytes(total: float, layout: Layout) -> float:
+    """Gradient bytes a rank carries from one micro-step into the next (grad_accum > 1):
+    with grad_sync=last FSDP2 keeps every unit's unsharded gradient, in reduce_dtype, from
+    the first micro-step until the last reduces it (the whole model's gradient on every
+    rank); with grad_sync=every each micro-step reduce-scatters, and what accumulates is the
+    fp32 sharded gradient (1/dp_shard of it)."""
+    if layout.grad_accum == 1:
+        return 0.0
+    if layout.keeps_unsharded_grads:
+        return total * DTYPE_BYTES[layout.reduce_dtype]
+    return total * FP32 / layout.shard_size
+
+
 def stage_memory(
     model: TransformerConfig, layout: Layout, stage: pipeline.Stage, capacity_bytes: float
 ) -> dict[str, Any]:
@@ -97,9 +110,10 @@ def stage_memory(
     #   gradient staging (the root is reduced last; the largest unit for big vocabularies);
     # - optimizer step: gradients still alive (zero_grad(set_to_none=True) frees them after
     #   the step); foreach AdamW holds about one parameter-shard-sized temporary.
-    # With grad_accum > 1 FSDP2 keeps every unit's unsharded gradient (in reduce_dtype) from
-    # the first micro-step until the final one reduces it.
-    accumulated = total * r_bytes if layout.grad_accum > 1 else 0.0
+    # - between micro-steps, with the parameters kept unsharded across them: every unit
+    #   gathered at once, the activations freed.
+    accumulated = accumulated_grads_bytes(total, layout)
+    held_params = total * p_bytes if layout.keeps_params_gathered else 0.0
     backward_peak = (
         params
         + optimizer
@@ -112,22 +126,26 @@ def stage_memory(
     block_grads = (total - root) * FP32 / shard
     end_of_backward_peak = params + optimizer + block_grads + root_staging
     optimizer_peak = params + grads + optimizer + params
+    between_micro_steps_peak = params + optimizer + accumulated + held_params
     terms = {
         "params_bytes": params,
         "grads_bytes": grads,
         "optimizer_bytes": optimizer,
         "allgather_bytes": allgather,
         "accumulated_grads_bytes": accumulated,
+        "held_params_bytes": held_params,
         "activations_bytes": activations,
         "logits_bytes": logits,
         "loss_held_bytes": loss_held,
     }
-    peak = max(backward_peak, end_of_backward_peak, optimizer_peak)
+    peak = max(backward_peak, end_of_backward_peak, optimizer_peak, between_micro_steps_peak)
     return {
         "stage": stage.rank,
         "stage_blocks": stage.blocks,
         "micro_batches_in_flight": inflight,
         "accumulated_grads_bytes": accumulated,
+        "held_params_bytes": held_params,
+        "grad_sync": layout.grad_sync,
         "capacity_bytes": capacity_bytes,
         "fits": float(peak <= capacity_bytes),
         "largest_term": max(terms, key=lambda k: terms[k]),
@@ -147,6 +165,7 @@ def stage_memory(
         "backward_peak_bytes": backward_peak,
         "end_of_backward_peak_bytes": end_of_backward_peak,
         "optimizer_peak_bytes": optimizer_peak,
+        "between_micro_steps_peak_bytes": between_micro_steps_peak,
         "peak_bytes": peak,
     }
 

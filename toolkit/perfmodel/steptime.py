@@ -35,7 +35,14 @@ def fsdp_unit_collectives(
     blocks = model.num_layers if blocks is None else blocks
     units = blocks + 1
     regathered = blocks - 1 if layout.reshard_after_forward else 0
-    return layout.grad_accum * (units + regathered) + units
+    gathers = forward_gathers(layout) * units + layout.grad_accum * regathered
+    return gathers + layout.reductions * units
+
+
+def forward_gathers(layout: Layout) -> int:
+    """Micro-steps whose forward gathers the parameters: all, or only the first when they
+    stay unsharded between micro-steps."""
+    return 1 if layout.keeps_params_gathered else layout.grad_accum
 
 
 def stage_params(
@@ -59,6 +66,8 @@ def fsdp_units(model: TransformerConfig, layout: Layout, stage: pipeline.Stage) 
         "param_dtype": layout.param_dtype,
         "reduce_dtype": layout.reduce_dtype,
         "reshard_after_forward": layout.reshard_after_forward,
+        "reductions": layout.reductions,
+        "forward_gathers": forward_gathers(layout),
     }
 
 

@@ -30,6 +30,7 @@ from toolkit.events import Fanout, JsonlSink, Sink, json_safe
 from toolkit.hooks import Hook
 from toolkit.kernels.liger import resolve as resolve_kernels
 from toolkit.perfmodel import balanced_split, layer_costs
+from toolkit.perfmodel.job import job_grad_sync
 from toolkit.telemetry.heartbeat import Heartbeat
 from toolkit.telemetry.profiler import ProfileHook, profiling_configured
 from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
@@ -320,7 +321,13 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         )
     else:
         strategy = Accumulation(
-            model, device, loss_context(shape.tp), comm, spec.loss_of, spec.predict
+            model,
+            device,
+            loss_context(shape.tp),
+            comm,
+            spec.loss_of,
+            spec.predict,
+            *micro_step_sync(job, env),
         )
     trainer = Trainer(
         job.trainer,
@@ -346,6 +353,22 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     return trainer
 
 
+def micro_step_sync(job: JobConfig, env: DistEnv) -> tuple[str, bool]:
+    """(trainer.grad_sync resolved, trainer.reshard_between_micro_steps) for Accumulation;
+    rank 0 logs the choice and why. (A pipeline's stages reduce once, after the last
+    micro-batch, and keep their parameters gathered between micro-batches: torch's
+    PipelineStage decides that, whatever these say.)"""
+    mode, why = job_grad_sync(job, dist.get_world_size())
+    if env.is_rank0 and job.trainer.grad_accum > 1:
+        log.info(
+            "grad_sync: %s (%s); reshard_between_micro_steps: %s",
+            mode,
+            why,
+            job.trainer.reshard_between_micro_steps,
+        )
+    return mode, job.trainer.reshard_between_micro_steps
+
+
 def model_flops_per_sample(spec: ModelSpec, job: JobConfig, model: torch.nn.Module) -> float:
     """The spec's analytic FLOPs per sample, else 0 (MFU then reads 0: not measured)."""
     if spec.flops_per_sample is not None:
@@ -362,6 +385,9 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
     try:
         summary = trainer.fit()
         summary["run_dir"] = str(run_dir)
+        if isinstance(trainer.strategy, Accumulation):  # which gradient sync ran
+            summary["grad_sync"] = trainer.strategy.grad_sync
+            summary["reshard_between_micro_steps"] = trainer.strategy.reshard_between_micro_steps
         if env.is_rank0:  # before the sinks close: the trackers upload it; NaN -> null
             (run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
     finally:
