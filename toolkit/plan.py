@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,7 +287,10 @@ def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from toolkit.config.sources import add_config_dir_option
+
     parser = argparse.ArgumentParser(prog="python -m toolkit.plan")
+    add_config_dir_option(parser)
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--cost", type=Path, default=None, help="YAML: preset -> $/device-hour")
     parser.add_argument("--tokens", type=float, default=1e9, help="tokens to train (--cost)")
@@ -302,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from toolkit.config.compose import compose_raw, job_or_none, to_job
 
-    job = job_or_none(args.overrides)
+    job = job_or_none(args.overrides, args.config_dir)
     if job is None:
         return 2
     base = base_layout(job)
@@ -327,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         presets = {
-            n: to_job(compose_raw([*args.overrides, f"hardware={n}"])).hardware for n in price_table
+            n: to_job(compose_raw([*args.overrides, f"hardware={n}"], args.config_dir)).hardware
+            for n in price_table
         }
         rows = cost_rows(
             job.model, base, batch, presets, price_table, args.tokens, kernels, optimizers
@@ -346,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
         from toolkit.plan_check import check, spread
 
         chosen = spread(plans, args.check) if args.spread else plans[: args.check]
+        # The checked runs compose the job themselves: the -cd directories reach them (and
+        # their ranks) first on $TOOLKIT_CONFIG_PATH, in the same order of search.
+        if args.config_dir:
+            searched = [*args.config_dir, os.environ.get("TOOLKIT_CONFIG_PATH", "")]
+            os.environ["TOOLKIT_CONFIG_PATH"] = ":".join(d for d in searched if d)
         return check(chosen, args.overrides, args.steps)
     return 0
 
