@@ -82,9 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="groups, options, fields",
     )
     parser.add_argument("-m", "--multirun", action="store_true", help="sweep: one run each")
-    parser.add_argument(
-        "-cd", "--config-dir", action="append", default=[], metavar="DIR", help="own configs"
-    )
+    sources.add_config_dir_option(parser)
     parser.add_argument("--cfg", choices=["job", "hydra", "all"], default=None, help="print it")
     parser.add_argument("--package", "-p", default=None, help="with --cfg: print one subtree")
     parser.add_argument("--resolve", action="store_true", help="with --cfg: resolve ${...}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -368,7 +369,10 @@ def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from toolkit.config.sources import add_config_dir_option
+
     parser = argparse.ArgumentParser(prog="python -m toolkit.plan")
+    add_config_dir_option(parser)
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--cost", type=Path, default=None, help="YAML: preset -> $/device-hour")
     parser.add_argument("--tokens", type=float, default=1e9, help="tokens to train (--cost)")
@@ -394,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seq_len is not None and args.seq_len < 1:
         print(f"error: --seq-len={args.seq_len}: must be >= 1", file=sys.stderr)
         return 2
-    job = job_or_none(args.overrides)
+    job = job_or_none(args.overrides, args.config_dir)
     if job is None:
         return 2
     added, defaults = planning_defaults(job, args.overrides, args.seq_len)
@@ -427,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         presets = {
-            n: to_job(compose_raw([*overrides, f"hardware={n}"])).hardware for n in price_table
+            n: to_job(compose_raw([*overrides, f"hardware={n}"], args.config_dir)).hardware
+            for n in price_table
         }
         rows = cost_rows(
             job.model, base, batch, presets, price_table, args.tokens, kernels, optimizers
@@ -446,6 +451,11 @@ def main(argv: list[str] | None = None) -> int:
         from toolkit.plan_check import check, spread
 
         chosen = spread(plans, args.check) if args.spread else plans[: args.check]
+        # The checked runs compose the job themselves: the -cd directories reach them (and
+        # their ranks) first on $TOOLKIT_CONFIG_PATH, in the same order of search.
+        if args.config_dir:
+            searched = [*args.config_dir, os.environ.get("TOOLKIT_CONFIG_PATH", "")]
+            os.environ["TOOLKIT_CONFIG_PATH"] = ":".join(d for d in searched if d)
         return check(chosen, overrides, args.steps)
     return 0
 

@@ -145,11 +145,14 @@ def override_problems(overrides: list[str]) -> list[str]:
     return problems
 
 
-def job_or_none(overrides: list[str]) -> JobConfig | None:
-    """The typed job for these overrides, or None after printing each problem as one
-    `error:` line on stderr (for CLIs that compose a job without launching it)."""
+def job_or_none(
+    overrides: list[str], config_dirs: Sequence[str | os.PathLike] = ()
+) -> JobConfig | None:
+    """The typed job for these overrides (`config_dirs`: the command line's --config-dir),
+    or None after printing each problem as one `error:` line on stderr (for CLIs that
+    compose a job without launching it)."""
     try:
-        return to_job(compose_raw(overrides))
+        return to_job(compose_raw(overrides, config_dirs))
     except ConfigError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)

@@ -15,6 +15,7 @@ the package's (`cluster/slurm.yaml`); the command line's overrides still apply l
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
@@ -48,6 +49,14 @@ def user_conf_dir() -> Path:
 
 def site_conf_dir() -> Path:
     return Path(os.environ.get("TOOLKIT_SITE_CONF", str(SITE_CONF)))
+
+
+def add_config_dir_option(parser: argparse.ArgumentParser) -> None:
+    """`-cd DIR` / `--config-dir DIR` (repeatable, searched first, in the order given): the
+    same option in every command that composes the job config (launch, perfmodel, plan)."""
+    parser.add_argument(
+        "-cd", "--config-dir", action="append", default=[], metavar="DIR", help="own configs"
+    )
 
 
 def search_dirs(config_dirs: Sequence[str | os.PathLike] = ()) -> list[ConfigDir]:

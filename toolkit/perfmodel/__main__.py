@@ -1,4 +1,4 @@
-"""`python -m toolkit.perfmodel [--json] [--world N] [OVERRIDE ...]`: predict a configuration.
+"""`python -m toolkit.perfmodel [-cd DIR] [--json] [--world N] [OVERRIDE ...]`: predict a configuration.
 
 Composes the same Hydra config as the launcher (so `model=gpt_1b precision=bf16 hardware=h100
 cluster.tasks_per_node=8` means the same here), prints the prediction table, or one JSON
@@ -12,16 +12,18 @@ import json
 import sys
 
 from toolkit.config.compose import job_or_none
+from toolkit.config.sources import add_config_dir_option
 from toolkit.perfmodel.job import layout_problems, predict_job
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.perfmodel")
+    add_config_dir_option(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--world", type=int, default=None, help="world size (default: cluster)")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    job = job_or_none(args.overrides)
+    job = job_or_none(args.overrides, args.config_dir)
     if job is None:
         return 2
     if args.world is not None and args.world < 1:
