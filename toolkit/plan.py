@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     added, defaults = planning_defaults(job, args.overrides, args.seq_len)
     overrides = [*args.overrides, *added]  # what the plans are for, and --check/--cost run
-    job = job_or_none(overrides) if added else job
+    job = job_or_none(overrides, args.config_dir) if added else job
     if job is None:
         return 2
     base = base_layout(job)
