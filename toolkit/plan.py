@@ -34,6 +34,7 @@ from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig, display_name, max_seq_len
 from toolkit.config.shape import global_batch_size, tasks_per_node, world_size
 from toolkit.perfmodel import Layout, Prediction, predict
+from toolkit.perfmodel.counted_model import CountedShape
 
 MAX_TP = 8  # tensor parallelism beyond one NVLink domain of 8 GPUs is not worth enumerating
 MAX_PP = 16
@@ -85,11 +86,11 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def tp_degrees(model: TransformerConfig | None, ranks_per_node: int) -> list[int]:
+def tp_degrees(model: TransformerConfig | CountedShape | None, ranks_per_node: int) -> list[int]:
     """Tensor-parallel degrees: inside a node (divisors of its ranks, at most 8), splitting
     the heads and the MLP width evenly (parallel.problems refuses the others)."""
-    if model is None:
-        return [1]
+    if not isinstance(model, TransformerConfig) or not model.SUPPORTS.tensor_parallel:
+        return [1]  # a model without a tensor-parallel plan runs tp=1 only
     hidden = int(model.dim * model.mlp_ratio)
     return [
         t
@@ -98,13 +99,15 @@ def tp_degrees(model: TransformerConfig | None, ranks_per_node: int) -> list[int
     ]
 
 
-def pp_options(model: TransformerConfig | None, ranks: int) -> list[tuple[int, str, int]]:
+def pp_options(
+    model: TransformerConfig | CountedShape | None, ranks: int
+) -> list[tuple[int, str, int]]:
     """(stages, schedule, virtual stages): stages dividing the layers and the ranks left by
     tp (balanced stages of whole layers), each schedule; interleaved with 2 virtual stages
     where the layers divide into 2 x stages."""
     found = [(1, "1f1b", 1)]
-    if model is None:
-        return found
+    if not isinstance(model, TransformerConfig) or not model.SUPPORTS.pipeline:
+        return found  # no pipeline split: one stage
     for pp in divisors(ranks):
         if pp == 1 or pp > MAX_PP or model.num_layers % pp:
             continue
@@ -120,7 +123,7 @@ def memory_option_pairs(
     """(model.kernels, optim.name) pairs for one layout, the default first: Liger's fused
     loss only without tensor parallelism (it needs the whole vocabulary on the rank) and
     only on the GPT (the time-series model's loss is not a cross-entropy)."""
-    gpt = model is None or model.token_inputs
+    gpt = model is None or getattr(model, "token_inputs", False)
     usable = [k for k in kernels if k == DEFAULT_KERNELS or (tp == 1 and gpt)]
     return [(k, o) for k in usable for o in optimizers]
 
@@ -217,7 +220,7 @@ def memory_options(job: JobConfig) -> tuple[tuple[str, ...], tuple[str, ...], li
     from toolkit.config.compose import group_options
     from toolkit.kernels.backend import importable
 
-    kernels, optimizers = [job.model.kernels], [job.optim.name]
+    kernels, optimizers = [getattr(job.model, "kernels", "torch")], [job.optim.name]
     skipped = []
     if job.cluster.gpus_per_node < 1:
         return tuple(kernels), tuple(optimizers), ["memory options: GPU jobs only"]
@@ -226,7 +229,7 @@ def memory_options(job: JobConfig) -> tuple[tuple[str, ...], tuple[str, ...], li
     elif not (importable("toolkit.kernels.liger") and importable("liger_kernel")):
         skipped.append("model.kernels=liger: toolkit.kernels.liger or liger_kernel missing")
     else:
-        kernels = list(dict.fromkeys([*KERNEL_OPTIONS, job.model.kernels]))
+        kernels = list(dict.fromkeys([*KERNEL_OPTIONS, getattr(job.model, "kernels", "torch")]))
     if "adamw8bit" not in group_options("optim") or not importable("torchao"):
         skipped.append("optim=adamw8bit: conf/optim/adamw8bit.yaml or torchao missing")
     else:
@@ -246,7 +249,7 @@ def base_layout(job: JobConfig, seq_len: int | None = None) -> Layout:
         seq_len=job.data.seq_len if seq_len is None else seq_len,
         param_dtype=job.precision.param_dtype,
         reduce_dtype=job.precision.reduce_dtype,
-        kernels=job.model.kernels,
+        kernels=getattr(job.model, "kernels", "torch"),
         optimizer=job.optim.name,
     )
 
@@ -263,7 +266,10 @@ def planning_defaults(
     (data.seq_len's preset default is a CPU test's)."""
     added, said = [], []
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    if job.hardware.cores_per_node == 0 and "precision" not in given:
+    # A GPU preset: a device (no shared CPU cores) whose bf16 peak is above its fp32 one.
+    hw = job.hardware
+    gpu = hw.cores_per_node == 0 and hw.peak_flops_bf16 > hw.peak_flops_fp32
+    if gpu and "precision" not in given:
         added.append("precision=bf16")
         said.append(
             f"precision: bf16 (a GPU preset, {job.hardware.name}; precision=NAME to choose)"
@@ -409,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     base = base_layout(job)
     batch = job_global_batch(job, world_size(job.cluster))
     kernels, optimizers, skipped = memory_options(job)
-    plans, dropped = rank_plans(job.model, base, job.hardware, batch, kernels, optimizers)
+    from toolkit.perfmodel.count_job import perf_model
+
+    model = perf_model(job)  # the built-in shape, or your model's counted costs
+    plans, dropped = rank_plans(model, base, job.hardware, batch, kernels, optimizers)
     title = (
         f"{shape_name(job, overrides)} on {base.world_size} x {job.hardware.name}, "
         f"{job.precision.name}, global batch {batch} x {base.seq_len} tokens"
@@ -434,9 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             n: to_job(compose_raw([*overrides, f"hardware={n}"], args.config_dir)).hardware
             for n in price_table
         }
-        rows = cost_rows(
-            job.model, base, batch, presets, price_table, args.tokens, kernels, optimizers
-        )
+        rows = cost_rows(model, base, batch, presets, price_table, args.tokens, kernels, optimizers)
         print(f"cost to train {args.tokens:.3g} tokens on {base.world_size} devices:")
         for r in rows:
             if not r["fits"]:

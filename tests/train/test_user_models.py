@@ -72,6 +72,7 @@ def test_a_user_lstm_by_import_path_trains_sharded_in_samples_per_second(lstm_ru
     assert len(steps) == 8
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert all(s["samples_per_s"] > 0 for s in steps)
+    assert all(s["mfu"] > 0 for s in steps[1:])  # from its FLOPs, counted on the first batch
     summary = json.loads((lstm_run / "summary.json").read_text())
     assert summary["throughput_unit"] == "samples"
     assert summary["median_samples_per_s"] > 0
@@ -226,6 +227,7 @@ def test_a_tiny_hf_llama_trains_sharded_by_decoder_layer(tmp_path):
     steps = read_jsonl(tmp_path / "metrics" / "rank0.jsonl")
     assert steps[-1]["loss"] < steps[0]["loss"]
     assert all(s["tokens_per_s"] > 0 for s in steps)
+    assert all(s["mfu"] > 0 for s in steps[1:])
     shard = json.loads((tmp_path / "metrics" / "rank0-model.json").read_text())
     assert shard["param_bytes_local"] == pytest.approx(shard["param_bytes_total"] / 2, rel=0.05)
 

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from toolkit.config.model import display_name
+
 FEATURES = 3  # toolkit.data.synthetic.FEATURES
 
 
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {
         "job": {
             "overrides": overrides,
-            "model": job.model.name,
+            "model": display_name(job.model),
             "hardware": job.hardware.name,
             "precision": job.precision.name,
             "world_size": world,

@@ -24,6 +24,7 @@ from toolkit.bench.stats import (
     time_to_target,
 )
 from toolkit.config.compose import load_job
+from toolkit.config.model import display_name
 from toolkit.events import read_steps
 from toolkit.perfmodel import Prediction, predict_job
 from toolkit.perfmodel.job import layout_from_job
@@ -97,7 +98,7 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
     summary: dict[str, Any] = {
         "run_dir": str(run_dir),
         "overrides": launch.get("overrides", []),
-        "model": job.model.name,
+        "model": display_name(job.model),
         "precision": job.precision.name,
         "hardware": job.hardware.name,
         "world_size": world,

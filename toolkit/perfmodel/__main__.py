@@ -12,8 +12,20 @@ import json
 import sys
 
 from toolkit.config.compose import job_or_none
+from toolkit.config.model import display_name
 from toolkit.config.sources import add_config_dir_option
 from toolkit.perfmodel.job import layout_problems, predict_job
+
+
+def counted_or_none(job):
+    """A model of yours: its counted costs (None for the built-in transformers' shapes)."""
+    from toolkit.config.model import TransformerConfig
+
+    if isinstance(job.model, TransformerConfig):
+        return None
+    from toolkit.perfmodel.count_job import counted_shape
+
+    return counted_shape(job)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if refused:
         return 2
     try:
-        prediction = predict_job(job, args.world)
+        prediction = predict_job(job, args.world, counted_or_none(job))
     except ValueError as exc:  # the mesh's degrees do not multiply to --world
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -47,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.perfmodel.report import prediction_table
 
     title = (
-        f"{job.model.name}, {prediction.world_size} ranks, {job.precision.name}, "
+        f"{display_name(job.model)}, {prediction.world_size} ranks, {job.precision.name}, "
         f"{job.hardware.name}: performance model"
     )
     Console().print(prediction_table(prediction, title=title))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+from typing import Any
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.job import JobConfig
@@ -11,12 +12,13 @@ from toolkit.config.model import TransformerConfig
 from toolkit.config.parallel import mesh_shape
 from toolkit.config.parallel import problems as parallel_problems
 from toolkit.config.shape import tasks_per_node, world_size
+from toolkit.perfmodel.counted_model import CountedShape
 from toolkit.perfmodel.model import Layout, Prediction, predict
 
 GRAD_SYNC_MODES = ("last", "every")  # what trainer.grad_sync=auto chooses between
 
 
-def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
+def layout_from_job(job: JobConfig, world: int | None = None, counted: Any = None) -> Layout:
     """The layout the launcher would run: world size from the cluster config unless given;
     the mesh's degrees from parallel (toolkit.config.parallel.mesh_shape). A layout whose
     degrees do not multiply to the world size is refused at launch; here it raises."""
@@ -46,7 +48,7 @@ def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
         pp_schedule=par.pp_schedule,
         pp_virtual_stages=par.pp_virtual_stages,
         pp_split=tuple(par.pp_split),
-        kernels=job.model.kernels,
+        kernels=getattr(job.model, "kernels", "torch"),
         optimizer=job.optim.name,
         reshard_between_micro_steps=trainer.reshard_between_micro_steps,
     )
@@ -54,13 +56,14 @@ def layout_from_job(job: JobConfig, world: int | None = None) -> Layout:
         return replace(layout, grad_sync="last", reshard_between_micro_steps=False)
     if trainer.grad_sync != "auto":
         return replace(layout, grad_sync=trainer.grad_sync)
-    if not isinstance(job.model, TransformerConfig):
+    model = counted if counted is not None else job.model
+    if not isinstance(model, TransformerConfig | CountedShape):
         return replace(layout, grad_sync="every")
-    return replace(layout, grad_sync=grad_sync_choice(job.model, layout, job.hardware)[0])
+    return replace(layout, grad_sync=grad_sync_choice(model, layout, job.hardware)[0])
 
 
 def grad_sync_choice(
-    model: TransformerConfig, layout: Layout, hw: HardwareConfig
+    model: TransformerConfig | CountedShape, layout: Layout, hw: HardwareConfig
 ) -> tuple[str, str]:
     """trainer.grad_sync=auto resolved: (mode, why). "last" where it fits and is predicted
     no slower than "every" (it moves grad_accum x fewer reduce-scatter bytes), else
@@ -124,9 +127,17 @@ def checkpoint_stall_s(job: JobConfig, state_bytes: float) -> float:
     return state_bytes / job.hardware.host_device_bandwidth / ckpt.interval_steps
 
 
-def predict_job(job: JobConfig, world: int | None = None) -> Prediction:
-    """The prediction for a job as launched, the checkpoint stall included in the step."""
-    p = predict(job.model, layout_from_job(job, world), job.hardware)
+def predict_job(job: JobConfig, world: int | None = None, counted: Any = None) -> Prediction:
+    """The prediction for a job as launched, the checkpoint stall included in the step. A
+    model without the analytic terms (your own) needs `counted`: its CountedShape
+    (toolkit.perfmodel.count_job.counted_shape counts it)."""
+    model = counted if counted is not None else job.model
+    if not isinstance(model, TransformerConfig | CountedShape):
+        raise ValueError(
+            f"model {type(job.model).__name__}: the performance model needs its counted costs "
+            "(toolkit.perfmodel.count_job.counted_shape)"
+        )
+    p = predict(model, layout_from_job(job, world, counted), job.hardware)
     stall = checkpoint_stall_s(job, p.memory["params_bytes"] + p.memory["optimizer_bytes"])
     time = {**p.time, "checkpoint_stall_s": stall, "step_s": float(p.time["step_s"]) + stall}
     return replace(p, time=time)

@@ -174,7 +174,13 @@ def device_capacity(hw: HardwareConfig, ranks_per_node: int) -> float:
     return hw.memory_bytes / ranks_per_node if hw.cores_per_node > 0 else hw.memory_bytes
 
 
-def predict(model: TransformerConfig, layout: Layout, hw: HardwareConfig) -> Prediction:
+def predict(model: TransformerConfig | Any, layout: Layout, hw: HardwareConfig) -> Prediction:
+    """The prediction for a built-in transformer's shape, or for a model of yours from its
+    counted costs (a toolkit.perfmodel.counted_model.CountedShape)."""
+    from toolkit.perfmodel.counted_model import CountedShape, predict_counted
+
+    if isinstance(model, CountedShape):
+        return predict_counted(model, layout, hw)
     stages = pipeline.layout_stages(model, layout, hw)
     flop = flops(model, layout)
     mem = memory(model, layout, device_capacity(hw, layout.ranks_per_node), stages)

@@ -348,6 +348,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         strategy=strategy,
     )
     trainer.throughput_unit = spec.unit
+    trainer.count_flops = flops_counter(spec, job)
     trainer.layout = shape.degrees()
     trainer.hooks = build_hooks(job, env, run_dir, sink)
     return trainer
@@ -370,10 +371,30 @@ def micro_step_sync(job: JobConfig, env: DistEnv) -> tuple[str, bool]:
 
 
 def model_flops_per_sample(spec: ModelSpec, job: JobConfig, model: torch.nn.Module) -> float:
-    """The spec's analytic FLOPs per sample, else 0 (MFU then reads 0: not measured)."""
+    """The spec's analytic FLOPs per sample; 0 until counted (flops_counter)."""
     if spec.flops_per_sample is not None:
         return spec.flops_per_sample(spec_config(job.model), job.data.seq_len)
     return 0.0
+
+
+def flops_counter(spec: ModelSpec, job: JobConfig):
+    """For a model without analytic FLOPs: a function counting them per sample on its first
+    micro-batch (toolkit.perfmodel.counted: one forward + backward on meta tensors, no real
+    memory), so that MFU is the model's own. None when the spec states them."""
+    if spec.flops_per_sample is not None:
+        return None
+    from toolkit.perfmodel.counted import count
+
+    cfg = spec_config(job.model)
+
+    def per_sample(batch: Any) -> float:
+        try:
+            return count(lambda: spec.build(cfg), batch, spec.loss_of).flops_per_sample
+        except Exception as exc:  # noqa: BLE001 - MFU is a report, never a reason to stop
+            log.warning("MFU not measured: counting the model's FLOPs failed: %s", exc)
+            return 0.0
+
+    return per_sample
 
 
 def run(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> dict[str, Any]:

@@ -102,6 +102,8 @@ class Trainer:
         self.val_metrics: dict[str, float] = {}
         self.layout: dict[str, int] = {}  # mesh degrees, set by the composition root
         self.throughput_unit = "tokens"  # the model's (its spec's): tokens | samples
+        # A model without analytic FLOPs: counts them on its first micro-batch (once).
+        self.count_flops: Callable[[Any], float] | None = None
         self.rank = dist.get_rank()
         self.faults = FaultInjector(fault or FaultConfig(), self.rank)
         self.world_size = dist.get_world_size()
@@ -314,6 +316,9 @@ class Trainer:
                     self.comm_timer.take()  # eval and hooks between steps: not this step's
                 loss, grad_norm, fb_s, opt_s, votes = self.train_step(micro_batches)
                 step_time = time.perf_counter() - t_wait
+                if self.count_flops is not None:  # once, outside the step's own time
+                    self.flops_per_sample = self.count_flops(micro_batches[0])
+                    self.count_flops = None
                 self.state.step += 1
                 self.state.tokens_seen += self.tokens_per_step
                 tps = self.tokens_per_step / step_time

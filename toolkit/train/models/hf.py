@@ -58,4 +58,29 @@ def init(model: nn.Module) -> None:
             per_module(module)
 
 
-SPEC = ModelSpec(name="hf_causal_lm", build=build, loss=loss, init=init, unit="tokens")
+def flops_per_sample(cfg: HFModelConfig, seq_len: int) -> float:
+    """PaLM's model FLOPs (Chowdhery et al. 2022, appendix B), as for the built-in GPT:
+    6 x the parameters outside the input embedding per token, plus 12 x layers x width x
+    sequence length for attention; times the sequence length per sample. Parameters are
+    counted on the meta device (no memory). Counting by running the model (toolkit.perfmodel.
+    counted) does not apply: transformers' mask code reads tensor values (.item())."""
+    with torch.device("meta"):
+        model = build(cfg)
+    embedding = model.get_input_embeddings().weight.numel()
+    params = sum(p.numel() for p in dict(model.named_parameters()).values()) - embedding
+    config = model.config
+    width = config.num_attention_heads * getattr(
+        config, "head_dim", config.hidden_size // config.num_attention_heads
+    )
+    per_token = 6.0 * params + 12.0 * config.num_hidden_layers * width * seq_len
+    return per_token * seq_len
+
+
+SPEC = ModelSpec(
+    name="hf_causal_lm",
+    build=build,
+    loss=loss,
+    init=init,
+    flops_per_sample=flops_per_sample,
+    unit="tokens",
+)
