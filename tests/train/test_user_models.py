@@ -232,6 +232,20 @@ def test_a_tiny_hf_llama_trains_sharded_by_decoder_layer(tmp_path):
     assert shard["param_bytes_local"] == pytest.approx(shard["param_bytes_total"] / 2, rel=0.05)
 
 
+def test_a_tiny_hf_llama_checkpoint_resumes_bitwise(tmp_path):
+    hf = ["model=hf_llama_tiny", "data.seq_len=32", "trainer.progress=false"]
+    whole = launch(tmp_path / "whole", *hf, "trainer.steps=6")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    run_dir = tmp_path / "resumed"
+    first = launch(run_dir, *hf, "trainer.steps=6", *CKPT, "fault.fail_at_step=4")
+    assert first.returncode != 0  # a rank crashes before step 5
+    assert list((run_dir / "checkpoints").glob("step-*"))  # step 2's at least committed
+    again = launch(run_dir, *hf, "trainer.steps=6", *CKPT)
+    assert again.returncode == 0, again.stderr[-3000:]
+    resumed = {r["step"]: r["loss"] for r in read_jsonl(run_dir / "metrics" / "rank0.jsonl")}
+    assert [resumed[s] for s in range(1, 7)] == losses(tmp_path / "whole")  # bitwise
+
+
 def test_a_model_registered_by_entry_point_is_found_and_its_options_checked(tmp_path):
     dist = FIXTURES / "userpkg_dist"  # userpkg's installed metadata: its entry points
     series = [o for o in LSTM if not o.startswith("model.")]
