@@ -209,7 +209,7 @@ def job(*overrides: str):
         ),
         (
             ["experiment=returns", "parallel.tp=2", "model.num_heads=4"],
-            "parallel.tp=2: tensor parallelism is implemented for model.kind=gpt, not timeseries",
+            "parallel.tp=2: model ts_transformer has no tensor-parallel plan; give its ModelSpec",
         ),
     ],
     ids=["seq_len", "vocab", "timeseries"],
