@@ -19,6 +19,7 @@ to the node agent through a non-blocking socket (toolkit.telemetry.transport).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
@@ -82,6 +83,28 @@ class _Session:
             self.sender = Sender(spec.socket, 1024)
         for signum in spec.stop_signals:
             signal.signal(signum, self._on_signal)
+        self.trackers = None
+        if spec.rank == 0:
+            try:
+                self.trackers = self._trackers()
+            except Exception:  # noqa: BLE001 - a tracker must never stop the script
+                _logger.exception("toolkit.session: no experiment trackers for this script")
+
+    def _trackers(self) -> Any:
+        """The job's experiment trackers (tracking=...), on rank 0: the records log() writes
+        reach them as a toolkit run's do; closed (with their timeout) when the script exits."""
+        from toolkit.config.compose import job_to_dict, load_job
+        from toolkit.events import Fanout
+        from toolkit.tracking import build_tracking_sinks
+
+        run_dir = Path(self.spec.run_dir)
+        job = load_job(run_dir / "config.yaml")
+        sinks = build_tracking_sinks(job.tracking, True, run_dir, job_to_dict(job))
+        if not sinks:
+            return None
+        trackers = Fanout(sinks)
+        atexit.register(trackers.close)
+        return trackers
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signum = signum  # only a flag: the stop happens at a step boundary
@@ -162,6 +185,8 @@ def log(step: int, **metrics: float) -> None:
         s.steps.write(json.dumps(line, default=float) + "\n")
         if s.sender is not None:
             s.sender.send({"kind": "step", **dataclasses.asdict(record)})
+        if s.trackers is not None:
+            s.trackers.write_step(record)
     except Exception:  # noqa: BLE001 - a metrics failure must not stop training
         _logger.exception("toolkit.session: could not write the record of step %d", step)
 

@@ -45,6 +45,20 @@ def test_unmodified_ddp_script_runs_on_two_ranks_with_quoted_args(tmp_path):
     assert json.loads((run / "summary.json").read_text())["exit_code"] == 0
 
 
+def test_the_records_a_script_logs_reach_its_experiment_tracker(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    r = run_script(tmp_path, SESSION, "[--steps,4]", "tracking=tensorboard")
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = tmp_path / "run"
+    logged = [
+        json.loads(line) for line in (run / "metrics" / "rank0.jsonl").read_text().splitlines()
+    ]
+    logdir = json.loads((run / "tracking" / "trackers.json").read_text())["tensorboard"]["logdir"]
+    scalars = {e.step: e.value for e in EventAccumulator(logdir).Reload().Scalars("train/loss")}
+    assert scalars == pytest.approx({s["step"]: s["loss"] for s in logged}, rel=1e-6)
+
+
 def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
     r = run_script(tmp_path, SESSION, "[--steps,4]")
     assert r.returncode == 0, r.stderr[-2000:]
