@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.config.tracking import TrackingConfig
-from toolkit.events import Fanout, Sink
+from toolkit.events import Event, Fanout, Sink
 from toolkit.redact import redact, redact_text
 from toolkit.tracking.base import Params, Tracker, TrackerSink
 
@@ -84,7 +84,39 @@ def build_tracking_sinks(
         )
         for name in cfg.backends
     ]
-    return [Trackers(sinks, run_dir)]
+    trackers = Trackers(sinks, run_dir)
+    for event in unsent_hangs(run_dir):  # a hang ended the previous attempt: say so now
+        trackers.write_event(event)
+    return [trackers]
+
+
+HANGS_SENT = "tracking/hangs_sent.json"  # the hang dumps already sent to the trackers
+
+
+def unsent_hangs(run_dir: Path) -> list[Event]:
+    """A `hang` event for each hang dump of the run (RUN_DIR/hangs/<time>/summary.json) not
+    yet sent: the node agent that caught it ended the job before any tracker could hear of
+    it, so the next attempt's rank 0 sends it (and records that it did)."""
+    from toolkit.fault.hang import hang_summaries
+
+    ledger = run_dir / HANGS_SENT
+    try:
+        sent = set(json.loads(ledger.read_text()))
+    except (OSError, ValueError):
+        sent = set()
+    events = []
+    for path, summary in hang_summaries(run_dir):
+        key = path.parent.name
+        if key in sent:
+            continue
+        when = path.stat().st_mtime
+        attrs = {k: v for k, v in summary.items() if isinstance(v, str | int | float)}
+        events.append(Event("hang", when, when, int(summary["step"]), 0, attrs))
+        sent.add(key)
+    if events:
+        ledger.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ledger.write_text(json.dumps(sorted(sent)))
+    return events
 
 
 def launch_overrides(run_dir: Path) -> list[str]:
