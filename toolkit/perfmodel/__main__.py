@@ -17,17 +17,6 @@ from toolkit.config.sources import add_config_dir_option
 from toolkit.perfmodel.job import layout_problems, predict_job
 
 
-def counted_or_none(job):
-    """A model of yours: its counted costs (None for the built-in transformers' shapes)."""
-    from toolkit.config.model import TransformerConfig
-
-    if isinstance(job.model, TransformerConfig):
-        return None
-    from toolkit.perfmodel.count_job import counted_shape
-
-    return counted_shape(job)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.perfmodel")
     add_config_dir_option(parser)
@@ -46,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
     if refused:
         return 2
+    from toolkit.perfmodel.count_job import counted_shape_or_none  # torch: a model of yours
+
     try:
-        prediction = predict_job(job, args.world, counted_or_none(job))
+        prediction = predict_job(job, args.world, counted_shape_or_none(job))
     except ValueError as exc:  # the mesh's degrees do not multiply to --world
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -18,8 +18,14 @@ EXAMPLE_SAMPLES = 2
 
 def perf_model(job: JobConfig) -> TransformerConfig | CountedShape:
     """What toolkit.perfmodel.predict takes for this job's model."""
+    return counted_shape_or_none(job) or job.model
+
+
+def counted_shape_or_none(job: JobConfig) -> CountedShape | None:
+    """What predict_job's `counted` takes: None for a built-in transformer (its analytic
+    terms), else the model's counted costs."""
     if isinstance(job.model, TransformerConfig):
-        return job.model
+        return None
     return counted_shape(job)
 
 

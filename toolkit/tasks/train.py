@@ -337,7 +337,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         loader,
         sink,
         device=device,
-        flops_per_sample=model_flops_per_sample(spec, job, model),
+        flops_per_sample=model_flops_per_sample(spec, job),
         peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
         val_loader=val_loader,
         grad_clip=job.optim.grad_clip,
@@ -370,7 +370,7 @@ def micro_step_sync(job: JobConfig, env: DistEnv) -> tuple[str, bool]:
     return mode, job.trainer.reshard_between_micro_steps
 
 
-def model_flops_per_sample(spec: ModelSpec, job: JobConfig, model: torch.nn.Module) -> float:
+def model_flops_per_sample(spec: ModelSpec, job: JobConfig) -> float:
     """The spec's analytic FLOPs per sample; 0 until counted (flops_counter)."""
     if spec.flops_per_sample is not None:
         return spec.flops_per_sample(spec_config(job.model), job.data.seq_len)

@@ -33,9 +33,9 @@ def predicted_terms(job: Any, world_size: int) -> tuple[dict[str, float], str]:
         return {}, "no readable RUN_DIR/config.yaml: no model prediction"
     try:
         from toolkit.perfmodel import predict_job
-        from toolkit.perfmodel.__main__ import counted_or_none
+        from toolkit.perfmodel.count_job import counted_shape_or_none
 
-        time = predict_job(job, world_size, counted_or_none(job)).time
+        time = predict_job(job, world_size, counted_shape_or_none(job)).time
         split = predicted_split(time)  # compute, exposed communication, optimizer, ...
         split["communication"] = float(time["communication_total_s"])
         return split, ""
