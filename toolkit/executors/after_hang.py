@@ -82,8 +82,23 @@ def main() -> int:
         max_restarts=int(request["max_restarts"]),
         shape=shape,
     )
+    if action.startswith("ended"):  # no next attempt will send it to the trackers
+        send_to_trackers(Path(request["run_dir"]), action)
     print(json.dumps({"action": action}))
     return 0
+
+
+def send_to_trackers(run_dir: Path, action: str) -> None:
+    """The hang that ends the job, to the run's trackers (tracking=...), once; a failure is
+    logged, never in the way of ending the hung ranks."""
+    try:
+        from toolkit.config.compose import job_to_dict, load_job
+        from toolkit.tracking.build import send_final_hangs
+
+        job = load_job(run_dir / "config.yaml")
+        send_final_hangs(job.tracking, run_dir, job_to_dict(job), action)
+    except Exception:  # noqa: BLE001
+        log.exception("hang: not sent to the trackers")
 
 
 if __name__ == "__main__":

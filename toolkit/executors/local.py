@@ -83,6 +83,19 @@ def interrupted_line(run_dir: Path, cut_off: bool) -> str:
     return f"interrupted: all ranks stopped{cut}; {newest}; relaunch into {run_dir} to resume"
 
 
+def send_hangs_to_trackers(run: PreparedRun) -> None:
+    """The hang that ended this local run, to the run's trackers (tracking=...), once."""
+    if not run.job.tracking.backends:
+        return
+    from toolkit.config.compose import job_to_dict
+    from toolkit.tracking.build import send_final_hangs
+
+    try:
+        send_final_hangs(run.job.tracking, run.run_dir, job_to_dict(run.job))
+    except Exception as exc:  # noqa: BLE001 - the hang is said; the trackers are extra
+        print(f"tracking: the hang was not sent to the trackers: {exc}", file=sys.stderr)
+
+
 class LocalExecutor:
     def run(self, runs: list[PreparedRun]) -> int:
         worst = 0
@@ -185,6 +198,7 @@ class LocalExecutor:
         if hangs:
             # The node agent's watchdog ended the ranks after dumping their stacks.
             print(hangs[-1][1]["message"], file=sys.stderr, flush=True)
+            send_hangs_to_trackers(run)  # no next attempt here to send it
             return EXIT_HANG
         if failed is not None and code in USER_ERROR_EXITS:
             # Rank 0 said it in one line (on this terminal when followed); nothing to add.
