@@ -33,7 +33,7 @@ from toolkit.perfmodel import balanced_split, layer_costs
 from toolkit.perfmodel.job import job_grad_sync
 from toolkit.telemetry.heartbeat import Heartbeat
 from toolkit.telemetry.profiler import ProfileHook, profiling_configured
-from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
+from toolkit.telemetry.sink import StopWhenAgentLost, TelemetrySink, build_telemetry_sinks
 from toolkit.telemetry.spec import WatchdogSpec
 from toolkit.train.console import ConsoleSink
 from toolkit.train.data import BatchPlan, Loader, open_sources
@@ -104,12 +104,20 @@ def heartbeat_of(sinks: list[Sink]) -> Heartbeat | None:
     return next((s.heartbeat for s in sinks if isinstance(s, TelemetrySink) and s.heartbeat), None)
 
 
+def telemetry_sink_of(sink: Sink) -> TelemetrySink | None:
+    """This rank's telemetry sink inside the trainer's fan-out, if it has one."""
+    found = [s for s in getattr(sink, "sinks", [sink]) if isinstance(s, TelemetrySink)]
+    return found[0] if found else None
+
+
 def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
     """Checkpointing and scheduler control (see build_checkpoint_hooks), the user's
     callbacks (trainer.callbacks), then profiler windows: last, so that a window opens after
     the other hooks' work of its step."""
     hooks = build_checkpoint_hooks(job, env, run_dir, sink)
     hooks += build_node_hooks(job, env, run_dir, sink)
+    if job.telemetry.enabled and job.telemetry.on_agent_lost == "stop":
+        hooks.append(StopWhenAgentLost(telemetry_sink_of(sink), job.telemetry.agent_restarts))
     hooks += build_callbacks(job.trainer.callbacks)  # the user's own, after the toolkit's
     if profiling_configured(job.telemetry):
         hooks.append(ProfileHook(job.telemetry, run_dir, sink))
