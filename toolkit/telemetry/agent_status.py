@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from toolkit.fault.hang import write_private
 
 
 def status_path(socket: str) -> Path:
@@ -22,17 +23,10 @@ def status_path(socket: str) -> Path:
 
 def write_status(socket: str, status: dict[str, Any]) -> bool:
     """Atomically, 0600; False when it could not be written (the agent logs that)."""
-    path = status_path(socket)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(status))
-        os.replace(tmp, path)
+        write_private(status_path(socket), json.dumps(status))
         return True
     except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return False
 
 
