@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 from tests.telemetry.test_agent import record
-from toolkit.config.telemetry import TelemetryConfig
+from toolkit.config.telemetry import ReportConfig, TelemetryConfig
 from toolkit.telemetry.agent import Agent
 from toolkit.telemetry.read import load_node
+from toolkit.telemetry.report.build import build_report
 from toolkit.telemetry.sink import TelemetrySink
 from toolkit.telemetry.spec import AgentSpec
 from toolkit.telemetry.transport import Receiver, socket_path
@@ -89,3 +90,5 @@ def test_rows_that_cannot_be_written_are_said_in_one_line_and_named_in_the_file(
     missing = re.fullmatch(r"partly: (\d+) rows not written \(File too large\)", why)
     assert missing, why
     assert int(missing.group(1)) + written == step  # every record sent: written or named
+    report = build_report(tmp_path, None, ReportConfig(sacct=False, plots=False, export=False))
+    assert report.absent["steps"] == f"{why} (e.g. testnode)"
