@@ -130,14 +130,12 @@ def send_final_hangs(
     has no next attempt to send it: whoever ends the run opens the run's trackers, sends each
     hang dump not yet sent (the same ledger: a later relaunch does not send it again) and
     closes them, within tracking.close_timeout_s. Returns how many were sent."""
-    if not cfg.backends or not any(
-        path.parent.name not in _sent(run_dir) for path, _ in _summaries(run_dir)
-    ):
+    sent_before = _sent(run_dir)
+    if not cfg.backends or all(p.parent.name in sent_before for p, _ in _summaries(run_dir)):
         return 0
-    sent_before = len(_sent(run_dir))
     for trackers in build_tracking_sinks(cfg, True, run_dir, config, action=action):
         trackers.close()
-    return len(_sent(run_dir)) - sent_before
+    return len(_sent(run_dir) - sent_before)
 
 
 def _sent(run_dir: Path) -> set[str]:
