@@ -21,17 +21,32 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
+
+import torch
 
 from toolkit.config.trainer import TrainerConfig
 from toolkit.errors import EXIT_NONFINITE
-from toolkit.events import Event
-from toolkit.hooks import Stop
-
-if TYPE_CHECKING:
-    from toolkit.train.loop import Trainer
+from toolkit.events import Event, Sink
+from toolkit.hooks import Hook, Stop, TrainerView
 
 log = logging.getLogger(__name__)
+
+
+class Counters(Protocol):
+    step: int
+    tokens_seen: int
+
+
+class Trainer(TrainerView, Protocol):
+    """What the guard uses of toolkit.train.loop.Trainer."""
+
+    hooks: list[Hook]
+    sink: Sink
+    state: Counters
+    tokens_per_step: int
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: Any  # toolkit.train.data.Loader's contract: load_state_dict({"next_step": n})
 
 
 class NonfiniteGuard:
