@@ -5,6 +5,7 @@ trainer.max_rollbacks, or with nothing committed, the run stops as with stop (ex
 The weights are corrupted by a user callback (tests/fixtures/userpkg: PoisonWeights), which
 sets them to NaN after a step that is not a checkpoint step: the next step's loss is NaN."""
 
+import json
 import math
 import os
 import subprocess
@@ -58,6 +59,11 @@ def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_training_finish
     at_2, at_4 = (load_model_state(ckpts / f"step-0000000{s}") for s in (2, 4))
     for name, tensor in at_4.items():
         assert torch.equal(tensor, at_2[name]), name
+    # ... and the counters, schedule and data position of step 4: the next step (5) trained
+    # on the batch after the bad one.
+    state = json.loads((ckpts / "step-00000004" / "train_state.json").read_text())
+    assert state["step"] == 4 and state["loader"]["next_step"] == 4
+    assert state["scheduler"]["last_epoch"] == 4
     at_8 = load_model_state(ckpts / "step-00000008")
     assert all(torch.isfinite(t).all() for t in at_8.values())
 
@@ -67,7 +73,7 @@ def test_past_max_rollbacks_the_run_stops_in_one_line(tmp_path):
     done = launch_poisoned(run_dir, [3, 5], "trainer.max_rollbacks=1")
     assert done.returncode == EXIT_NONFINITE
     (line,) = done.stderr.strip().splitlines()
-    assert "at step 6, after 1 rollbacks (trainer.max_rollbacks=1)" in line
+    assert "at step 6, after 1 rollback (trainer.max_rollbacks=1)" in line
     assert "raise trainer.max_rollbacks" in line
     assert [e["attrs"]["bad_step"] for e in events(run_dir, "rollback")] == [4]
     assert checkpoint_names(run_dir) == ["step-00000002", "step-00000004"]

@@ -38,7 +38,7 @@ class Counters(Protocol):
     tokens_seen: int
 
 
-class Trainer(TrainerView, Protocol):
+class GuardedTrainer(TrainerView, Protocol):
     """What the guard uses of toolkit.train.loop.Trainer."""
 
     hooks: list[Hook]
@@ -56,7 +56,7 @@ class NonfiniteGuard:
         self.cfg = cfg
         self.num_rollbacks = 0
 
-    def after_step(self, trainer: Trainer, loss: float, grad_norm: float) -> Stop | None:
+    def after_step(self, trainer: GuardedTrainer, loss: float, grad_norm: float) -> Stop | None:
         """The step just counted (trainer.step) was non-finite and not applied: None to go
         on, else the Stop that ends the run there."""
         bad_step = trainer.step
@@ -69,7 +69,8 @@ class NonfiniteGuard:
             return stop(what, "lower optim.lr or optim.grad_clip, or set trainer.on_nonfinite=skip")
         if self.num_rollbacks >= self.cfg.max_rollbacks:
             return stop(
-                f"{what}, after {self.num_rollbacks} rollbacks (trainer.max_rollbacks="
+                f"{what}, after {self.num_rollbacks} "
+                f"rollback{'' if self.num_rollbacks == 1 else 's'} (trainer.max_rollbacks="
                 f"{self.cfg.max_rollbacks})",
                 "lower optim.lr or optim.grad_clip, or raise trainer.max_rollbacks",
             )
@@ -80,7 +81,7 @@ class NonfiniteGuard:
         if path is None:
             return stop(
                 f"{what}, and no committed checkpoint to roll back to",
-                "enable checkpoint.enabled with checkpoint.interval_steps, or lower optim.lr",
+                "set checkpoint.enabled=true with checkpoint.interval_steps, or lower optim.lr",
             )
         self.num_rollbacks += 1
         restored_step = trainer.step
@@ -107,7 +108,7 @@ class NonfiniteGuard:
         return None
 
 
-def skip_to(trainer: Trainer, step: int) -> None:
+def skip_to(trainer: GuardedTrainer, step: int) -> None:
     """From a restored step on to `step` without training: counter, tokens, schedule and data
     position move as if those steps ran; the weights stay the restored ones."""
     skipped = step - trainer.state.step
