@@ -33,7 +33,6 @@ BACKWARD_OPS_FACTOR = 2.0
 # log_softmax, nll (head and loss: 7).
 EMBEDDING_FORWARD_OPS = 4
 HEAD_FORWARD_OPS = 7
-ROOT_FORWARD_OPS = EMBEDDING_FORWARD_OPS + HEAD_FORWARD_OPS
 # Foreach AdamW (torch.optim.adam._multi_tensor_adam, not capturable), fp32 words moved per
 # parameter: weight-decay mul_ 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2,
 # div_ 2, addcdiv_ 4 = 22; clipping: foreach norm 1 + foreach mul_ 2 = 3.
