@@ -5,7 +5,7 @@ and each run's training is capped at 120 s):
 
 1. NCCL: a one-rank process group initialises and all-reduces a tensor on GPU 0.
 2. bf16 matmul peak of this GPU: a loop of 8192^3 matmuls timed with CUDA events.
-3. Training through the normal launcher (toolkit.bench.train, 1 rank, bf16, synthetic
+3. Training through the normal launcher (toolkit.measure.run, 1 rank, bf16, synthetic
    data): the default model (gpt_small) and gpt_1b, each eager and with torch.compile;
    tokens/s, MFU against the measured matmul peak and against the datasheet (hardware
    preset chosen from the device name: h100, h200, a100), and the performance model's
@@ -114,7 +114,7 @@ def run_model(
     name: str, compile: bool, preset: str | None, out: Path, warmup: int, steps: int
 ) -> dict[str, Any]:
     """One benchmark run through the launcher; its one-line summary, or the failure."""
-    from toolkit.bench import train as bench_train
+    from toolkit.measure import run as bench_train
 
     run_dir = out / f"{name}-{'compile' if compile else 'eager'}"
     argv = [

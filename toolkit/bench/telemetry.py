@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         result = costs(args.seconds)
     else:
         result = report_speed(args.reps)
-    from toolkit.bench.results import print_json
+    from toolkit.measure.results import print_json
 
     print_json(result, args.json)
     return 0

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         result["whole_run_median_step_s"] = whole
     else:
         result = costs(args.records)
-    from toolkit.bench.results import print_json
+    from toolkit.measure.results import print_json
 
     print_json(result, args.json)
     return 0

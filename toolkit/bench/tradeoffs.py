@@ -4,7 +4,7 @@
 The matrix is precision fp32/bf16 x activation checkpointing off/on x model.kernels
 torch/liger x optim adamw/adamw8bit (settings named like `bf16-ac-liger-adamw8bit`). Every
 setting of every model trains the same tokens (same seed, data, steps) through the training
-benchmark (`python -m toolkit.bench.train`, the real launcher and ranks), --rounds times
+benchmark (`python -m toolkit.measure.run`, the real launcher and ranks), --rounds times
 round-robin, and the table reports per setting: median step time (the median of the runs'
 medians), peak memory (the step records' peak: CUDA max_memory_allocated, or on CPU the
 process's max RSS, with its growth over the memory in use before the model was built) and
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolkit.bench.model_check import MODEL_OVERRIDES
+from toolkit.measure.model_check import MODEL_OVERRIDES
 
 PRECISIONS = ("fp32", "bf16")
 CHECKPOINTING = ("noac", "ac")
@@ -104,8 +104,8 @@ def unavailable(setting: Setting, model_overrides: list[str]) -> str:
 
 def losses(run_dir: Path) -> list[float]:
     """Rank 0's loss at every step (warm-up included: the whole curve)."""
-    from toolkit.bench.results import rank_files
     from toolkit.events import read_steps
+    from toolkit.measure.results import rank_files
 
     return [float(r["loss"]) for r in read_steps(rank_files(run_dir, "rank")[0])]
 
@@ -144,7 +144,7 @@ def run_setting(
     args: argparse.Namespace, run: Path, overrides: list[str]
 ) -> tuple[dict[str, Any] | None, str]:
     """(the benchmark summary, '') or (None, why it failed)."""
-    from toolkit.bench.train import main as bench
+    from toolkit.measure.run import main as bench
 
     argv = ["--warmup", str(args.warmup), "--steps", str(args.steps), "--out", str(run)]
     code = bench([*argv, *overrides])
@@ -251,8 +251,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> list[str]:
-    from toolkit.bench.train import RESERVED
     from toolkit.config.compose import group_options
+    from toolkit.measure.run import RESERVED
 
     problems = []
     if args.steps < 1:

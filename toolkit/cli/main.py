@@ -16,7 +16,7 @@ from pathlib import Path
 
 # name -> (module with main(argv), what it does)
 BENCHES = {
-    "train": ("toolkit.bench.train", "step time, tokens/s, MFU, memory; predicted vs measured"),
+    "train": ("toolkit.measure.run", "step time, tokens/s, MFU, memory; predicted vs measured"),
     "collectives": ("toolkit.bench.collectives", "nccl-tests-style collective sweep"),
     "compare-collectives": ("toolkit.bench.compare_collectives", "rank a sweep's NCCL settings"),
     "collectives-baseline": ("toolkit.bench.collectives_baseline", "the collective baseline"),
