@@ -1,4 +1,4 @@
-"""`python -m toolkit.bench.gpu [--out DIR] [--budget-s S]`: one-command GPU validation.
+"""`python -m toolkit.measure.gpu [--out DIR] [--budget-s S]`: one-command GPU validation.
 
 On a CUDA machine, in under 8 minutes (no run starts after --budget-s, 330 s by default,
 and each run's training is capped at 120 s):
@@ -50,7 +50,7 @@ def hardware_preset(device_name: str) -> str | None:
 
 def no_cuda_message() -> str:
     return (
-        "toolkit.bench.gpu: no CUDA device visible (torch.cuda.is_available() is False; "
+        "toolkit.measure.gpu: no CUDA device visible (torch.cuda.is_available() is False; "
         f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}). "
         "The GPU checks need an NVIDIA GPU; nothing was run."
     )
@@ -216,7 +216,7 @@ def summary_table(report: dict[str, Any]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.bench.gpu")
+    parser = argparse.ArgumentParser(prog="python -m toolkit.measure.gpu")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--budget-s", type=float, default=START_BUDGET_S, help="start no run after this"
