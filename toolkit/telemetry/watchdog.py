@@ -376,12 +376,6 @@ class Watchdog:
         log.warning("hang watchdog: not every node reported within %.0f s", timeout_s)
 
     @staticmethod
-    def _wait_for(path: Path, timeout_s: float) -> None:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline and not path.exists():
-            time.sleep(0.2)
-
-    @staticmethod
     def _wait_for_action(path: Path, timeout_s: float) -> None:
         """Until the summary at `path` records what was done (its action no longer pending)."""
         deadline = time.time() + timeout_s

@@ -28,12 +28,13 @@ from toolkit.config.fault import FaultConfig
 from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
 from toolkit.distributed.commtime import CommTimer
-from toolkit.errors import EXIT_NONFINITE, EXIT_RESUME_REFUSED, UserError
+from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
 from toolkit.hooks import Hook, Stop, split_votes
 from toolkit.train.data import Loader
 from toolkit.train.faults import FaultInjector
 from toolkit.train.flops import mfu
+from toolkit.train.nonfinite import NonfiniteGuard
 from toolkit.train.steps import Accumulation, MicroBatches, StepStrategy
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,7 @@ class Trainer:
         self.records: list[StepRecord] = []
         self.stop: Stop | None = None
         self.nonfinite = False  # the last step's loss or grad norm was NaN/inf (not applied)
+        self.nonfinite_guard = NonfiniteGuard(cfg)  # then: stop, skip or roll back
         self._started = time.time()
         plan = loader.plan
         self.tokens_per_step = plan.global_batch_size * plan.seq_len
@@ -345,7 +347,7 @@ class Trainer:
                 self.records.append(record)
                 self.sink.write_step(record)
                 if self.nonfinite:
-                    stop = self._nonfinite_stop(loss, grad_norm)
+                    stop = self.nonfinite_guard.after_step(self, loss, grad_norm)
                     if stop is not None:  # no hook sees this step: nothing is saved from it
                         stopped_by_hook = True
                         break
@@ -376,21 +378,6 @@ class Trainer:
                 hook.on_end(self)
         self._beat("end")
         return self.summary(time.time() - self._started, val_loss)
-
-    def _nonfinite_stop(self, loss: float, grad_norm: float) -> Stop | None:
-        """The step just taken had a NaN/inf loss or grad norm (on some rank) and was not
-        applied: stop the run there, or go on (trainer.on_nonfinite)."""
-        what = f"non-finite loss ({loss:.4g}) or grad norm ({grad_norm:.4g}) at step {self.step}"
-        if self.cfg.on_nonfinite == "skip":
-            log.warning("%s: step skipped, weights unchanged (trainer.on_nonfinite=skip)", what)
-            return None
-        return Stop(
-            f"trainer: {what}; the run stopped there and nothing was committed from it (the "
-            "newest checkpoint holds the last finite state): lower optim.lr or "
-            "optim.grad_clip, or set trainer.on_nonfinite=skip",
-            exit_code=EXIT_NONFINITE,
-            save=False,
-        )
 
     def _beat(self, phase: str) -> None:
         """Progress for the watchdog; before the first step of this run completes, every
