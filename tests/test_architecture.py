@@ -35,10 +35,9 @@ def test_no_cycle_between_packages(imports):
     assert imports.cycles(imports.graph()) == []
 
 
-# Circles that other branches remove (removed by branch bench/slurmapi): the lead deletes
+# Circles that other branches remove (removed by branch slurmapi): the lead deletes
 # these entries after merging them.
 KNOWN_CYCLES = [
-    ["toolkit.bench.tradeoffs", "toolkit.bench.tradeoffs_report", "toolkit.bench.tradeoffs"],
     [
         "toolkit.executors.preemption",
         "toolkit.executors.slurm_exclude",
