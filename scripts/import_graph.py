@@ -207,6 +207,11 @@ def broken_rules(edges: dict[str, set[str]]) -> list[str]:
     problems += [
         f"{u} imports train" for u in ("checkpoint", "telemetry") if "train" in edges.get(u, ())
     ]
+    problems += [
+        f"{u} imports bench (benchmarks sit on top; product code imports none)"
+        for u in sorted(edges)
+        if u != "bench" and "bench" in edges[u]
+    ]
     return problems
 
 
@@ -226,7 +231,7 @@ def main(argv: list[str]) -> int:
     problems = broken_rules(edges)
     print(
         "\n".join(f"rule broken: {p}" for p in problems)
-        or "rules hold: config imports nothing of the runtime; no cycle; train not imported by checkpoint or telemetry"
+        or "rules hold: config imports nothing of the runtime; no cycle; train not imported by checkpoint or telemetry; nothing imports bench"
     )
     return 1 if problems else 0
 

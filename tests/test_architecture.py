@@ -35,10 +35,9 @@ def test_no_cycle_between_packages(imports):
     assert imports.cycles(imports.graph()) == []
 
 
-# Circles that other branches remove (removed by branch bench/slurmapi): the lead deletes
+# Circles that other branches remove (removed by branch slurmapi): the lead deletes
 # these entries after merging them.
 KNOWN_CYCLES = [
-    ["toolkit.bench.tradeoffs", "toolkit.bench.tradeoffs_report", "toolkit.bench.tradeoffs"],
     [
         "toolkit.executors.preemption",
         "toolkit.executors.slurm_exclude",
@@ -98,6 +97,12 @@ def test_training_is_imported_by_neither_checkpointing_nor_telemetry(imports):
     assert "train" not in edges["telemetry"]
 
 
+def test_no_product_package_imports_the_benchmarks(imports):
+    """Benchmarks sit on top: the hardware profile, the model check and the planner's check are
+    product code (toolkit.measure), and nothing of the product imports toolkit.bench."""
+    assert [unit for unit, targets in imports.graph().items() if "bench" in targets] == []
+
+
 def test_the_contracts_sit_at_the_bottom(imports):
     """Step records, events, sinks, exit statuses and the hook contract depend on nothing of
     the toolkit but each other."""
@@ -111,9 +116,12 @@ def test_a_cycle_is_found_when_there_is_one(imports):
     assert imports.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [
         ["a", "b", "c", "a"]
     ]
-    assert imports.broken_rules({"config": {"train"}, "checkpoint": {"train"}, "train": set()}) == [
+    assert imports.broken_rules(
+        {"config": {"train"}, "checkpoint": {"train"}, "train": set(), "plan": {"bench"}}
+    ) == [
         "config imports train (config must import nothing of the runtime)",
         "checkpoint imports train",
+        "plan imports bench (benchmarks sit on top; product code imports none)",
     ]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolkit.bench.gpu import (
+from toolkit.measure.gpu import (
     gpu_telemetry_samples,
     hardware_preset,
     matmul_peak,

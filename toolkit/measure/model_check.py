@@ -1,12 +1,12 @@
-"""`python -m toolkit.bench.model_check --profile-dir DIR --profile NAME [grid options]`: the
+"""`python -m toolkit.measure.model_check --profile-dir DIR --profile NAME [grid options]`: the
 performance model against measured step times, over a grid of configurations.
 
 For every combination of --models x --worlds x --ac x --accum it runs the training benchmark
-(`python -m toolkit.bench.train`, local ranks) with the measured hardware profile, then prints
+(`python -m toolkit.measure.run`, local ranks) with the measured hardware profile, then prints
 one markdown table: measured and predicted step time (median), their ratio, the measured
 split (compute / exposed communication / optimizer) beside the predicted one, and the predicted
 per-term split, and how fast the machine was against the profile: before every configuration
-the profile's speed probe (toolkit.bench.kernel_rates.speed_probe) runs again, and the column
+the profile's speed probe (toolkit.measure.kernel_rates.speed_probe) runs again, and the column
 "probe now / at profile" is its time now over the time recorded in the profile (1.30: the
 same one-thread work took 30 % longer than when the profile was measured; on a shared VM a
 ratio that far from 1 is noise the prediction cannot know). The table also goes to
@@ -102,14 +102,14 @@ def probe_ratio(profile_probe_s: float) -> float | None:
         return None
     import torch
 
-    from toolkit.bench.kernel_rates import speed_probe
+    from toolkit.measure.kernel_rates import speed_probe
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # as the profile
     return speed_probe(device) / profile_probe_s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m toolkit.bench.model_check")
+    p = argparse.ArgumentParser(prog="python -m toolkit.measure.model_check")
     p.add_argument("--profile-dir", type=Path, required=True, help="DIR of DIR/hardware/NAME.yaml")
     p.add_argument(
         "--profile",
@@ -126,9 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("overrides", nargs="*")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    from toolkit.bench.train import main as bench
     from toolkit.config.errors import ConfigError
     from toolkit.config.hardware import load_profile
+    from toolkit.measure.run import main as bench
 
     names = {args.profile.format(world=w) for _, w, _, _ in grid(args)}
     profiles = {}

@@ -16,16 +16,16 @@ import h5py
 import numpy as np
 from omegaconf import OmegaConf
 
-from toolkit.bench.stats import (
+from toolkit.config.compose import load_job
+from toolkit.config.model import display_name
+from toolkit.events import read_steps
+from toolkit.measure.stats import (
     PHASES,
     measured_split,
     step_statistics,
     steps_by_number,
     time_to_target,
 )
-from toolkit.config.compose import load_job
-from toolkit.config.model import display_name
-from toolkit.events import read_steps
 from toolkit.perfmodel import Prediction, predict_job
 from toolkit.perfmodel.job import layout_from_job
 from toolkit.perfmodel.model import PHASE_OF_TERM, TERMS

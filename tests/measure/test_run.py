@@ -1,4 +1,4 @@
-"""`python -m toolkit.bench.train` end to end on the tiny preset (real launcher, 2 CPU ranks)."""
+"""`python -m toolkit.measure.run` end to end on the tiny preset (real launcher, 2 CPU ranks)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ SUMMARY_FIELDS = {
 def bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
     env = dict(os.environ, PYTHONPATH=str(REPO), TOOLKIT_CACHE=str(tmp_path))
     proc = subprocess.run(
-        [sys.executable, "-m", "toolkit.bench.train", *args],
+        [sys.executable, "-m", "toolkit.measure.run", *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -134,7 +134,7 @@ def test_time_to_target_stops_at_the_target_loss(tmp_path):
 
 def test_reserved_overrides_are_refused_with_the_flag_to_use(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "toolkit.bench.train", "trainer.steps=5"],
+        [sys.executable, "-m", "toolkit.measure.run", "trainer.steps=5"],
         env=dict(os.environ, PYTHONPATH=str(REPO)),
         capture_output=True,
         text=True,

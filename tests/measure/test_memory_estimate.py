@@ -24,7 +24,7 @@ def test_parameter_and_optimizer_memory_within_10_percent_of_rss_growth(tmp_path
         [
             sys.executable,
             "-m",
-            "toolkit.bench.train",
+            "toolkit.measure.run",
             "--exact-rss",
             "--warmup",
             "0",

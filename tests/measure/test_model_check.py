@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit.bench.model_check import grid, main, overrides_for
+from toolkit.measure.model_check import grid, main, overrides_for
 
 
 class Args:

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from toolkit.bench.stats import scaling_efficiency
+from toolkit.measure.stats import scaling_efficiency
 
 WORLD_KEYS = ("cluster.tasks_per_node", "cluster.nodes", "cluster.gpus_per_node")
 

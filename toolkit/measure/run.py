@@ -1,4 +1,4 @@
-"""`python -m toolkit.bench.train [--warmup W] [--steps N] [-m] [OVERRIDE ...]`: benchmark a
+"""`python -m toolkit.measure.run [--warmup W] [--steps N] [-m] [OVERRIDE ...]`: benchmark a
 training configuration through the normal launcher and executor.
 
 It launches `task=bench_train` (the training task plus memory probes) with
@@ -32,7 +32,7 @@ RESERVED = ("trainer.steps=", "task=", "hydra.run.dir=", "hydra.sweep.dir=")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m toolkit.bench.train")
+    p = argparse.ArgumentParser(prog="python -m toolkit.measure.run")
     p.add_argument("-m", "--multirun", action="store_true", help="sweep comma-separated values")
     p.add_argument("--warmup", type=int, default=3, help="steps excluded from the statistics")
     p.add_argument(
@@ -99,8 +99,8 @@ def analyze(out: Path, warmup: int) -> dict[str, Any]:
     """Analyze every run under `out`; print tables; return the one-line summary object."""
     from rich.console import Console
 
-    from toolkit.bench.compare import add_scaling_efficiency, comparison_table, mark_varying, plot
-    from toolkit.bench.results import analyze_run
+    from toolkit.measure.compare import add_scaling_efficiency, comparison_table, mark_varying, plot
+    from toolkit.measure.results import analyze_run
     from toolkit.perfmodel.report import prediction_table, split_table
 
     console = Console(width=200) if not sys.stdout.isatty() else Console()
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 return code  # a sweep still reports the runs that finished
         if not any((d / "metrics").is_dir() for d in run_dirs(out)):
             print(
-                f"submitted without waiting; analyze later: python -m toolkit.bench.train "
+                f"submitted without waiting; analyze later: python -m toolkit.measure.run "
                 f"--analyze {out} --warmup {args.warmup}"
             )
             return 0

@@ -1,4 +1,4 @@
-"""What single kernels achieve on one device, for the hardware profile (toolkit.bench.hardware):
+"""What single kernels achieve on one device, for the hardware profile (toolkit.measure.hardware):
 GEMM FLOP/s over a grid of shapes and, on request, over a preset's own layer shapes; causal
 SDPA per sequence and head dim; memory copy/triad bandwidth; LayerNorm+GELU throughput; the
 host-to-device copy (GPU); a fixed one-thread speed probe. Each is the median of timed
@@ -125,7 +125,7 @@ def speed_probe(device: torch.device) -> float:
     """Seconds of a fixed piece of work on one thread: a 512^3 GEMM and a tanh GELU forward
     + backward on 1024 x 1024 values, the median of 5 `seconds_per_call` (each itself the
     median of 3 timed batches of about 20 ms). The profile records it
-    (`probe_s`) and toolkit.bench.model_check runs it again before every configuration: on
+    (`probe_s`) and toolkit.measure.model_check runs it again before every configuration: on
     a shared VM the same work takes 1.5x longer some minutes than others, which no
     prediction from an earlier profile can know."""
     threads = torch.get_num_threads()

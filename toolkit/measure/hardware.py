@@ -1,9 +1,9 @@
-"""`python -m toolkit.bench.hardware [--dir DIR] [--world N] [--name NAME]`: measure this
+"""`python -m toolkit.measure.hardware [--dir DIR] [--world N] [--name NAME]`: measure this
 machine and write a hardware profile, DIR/hardware/NAME.yaml, that any toolkit command loads
 with `'hydra.searchpath=[file://DIR]' hardware=NAME` (or copy it into conf/hardware/).
 
 Measured, per device (on CPU per core: one intra-op thread; `cores_per_node` records how many
-cores the node's ranks share; the single kernels in toolkit.bench.kernel_rates): matmul FLOP/s over a grid of GEMM shapes (skinny to square)
+cores the node's ranks share; the single kernels in toolkit.measure.kernel_rates): matmul FLOP/s over a grid of GEMM shapes (skinny to square)
 per dtype, causal SDPA forward+backward, memory bandwidth (copy and triad), LayerNorm+GELU
 throughput (as a fraction of the copy bandwidth), the cost of one eager op with autograd,
 host<->device copies (GPU), a fixed one-thread speed probe (`probe_s`: later runs can say how
@@ -26,7 +26,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from toolkit.bench.kernel_rates import (
+from toolkit.config.hardware import HardwareConfig
+from toolkit.config.model import GPTConfig
+from toolkit.config.optim import OptimConfig
+from toolkit.config.parallel import MeshShape, ParallelConfig
+from toolkit.config.precision import PrecisionConfig
+from toolkit.distributed.fsdp import clip_grad_norm_, parallelize
+from toolkit.distributed.host_memory import keep_freed_memory
+from toolkit.distributed.mesh import build_mesh
+from toolkit.measure.kernel_rates import (
     CPU_SIZES,
     DTYPES,
     GPU_SIZES,
@@ -41,14 +49,6 @@ from toolkit.bench.kernel_rates import (
     speed_probe,
     sync,
 )
-from toolkit.config.hardware import HardwareConfig
-from toolkit.config.model import GPTConfig
-from toolkit.config.optim import OptimConfig
-from toolkit.config.parallel import MeshShape, ParallelConfig
-from toolkit.config.precision import PrecisionConfig
-from toolkit.distributed.fsdp import clip_grad_norm_, parallelize
-from toolkit.distributed.host_memory import keep_freed_memory
-from toolkit.distributed.mesh import build_mesh
 from toolkit.perfmodel import comm, kernels, profile
 from toolkit.perfmodel.model import Layout, fsdp_unit_collectives
 from toolkit.train.flops import block_params, param_counts
@@ -293,7 +293,7 @@ def measure(
     host = socket.gethostname()
     hw = HardwareConfig(
         name=name,
-        source=f"measured by python -m toolkit.bench.hardware on {host}, {when}",
+        source=f"measured by python -m toolkit.measure.hardware on {host}, {when}",
         peak_flops_fp32=peaks.get("float32", peaks[dtypes[0]]),
         peak_flops_bf16=peaks.get("bfloat16", peaks[dtypes[0]]),
         memory_bandwidth=bandwidth,
@@ -334,7 +334,7 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m toolkit.bench.hardware")
+    p = argparse.ArgumentParser(prog="python -m toolkit.measure.hardware")
     p.add_argument("--name", default=f"measured_{socket.gethostname().split('.')[0]}")
     p.add_argument(
         "--dir", type=Path, default=Path("outputs/hardware"), help="writes DIR/hardware/NAME.yaml"

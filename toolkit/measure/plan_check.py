@@ -64,7 +64,7 @@ def check(plans: list[RankedPlan], overrides: list[str], steps: int) -> int:
     """Run the given plans (the top k, or a spread: `spread`) locally through the training
     benchmark; print predicted vs measured, whether the order holds and Spearman's rank
     correlation."""
-    from toolkit.bench.train import main as bench
+    from toolkit.measure.run import main as bench
 
     predicted, measured = [], []
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.bench.stats import (
+from toolkit.measure.stats import (
     measured_split,
     scaling_efficiency,
     step_statistics,

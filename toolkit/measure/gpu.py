@@ -1,11 +1,11 @@
-"""`python -m toolkit.bench.gpu [--out DIR] [--budget-s S]`: one-command GPU validation.
+"""`python -m toolkit.measure.gpu [--out DIR] [--budget-s S]`: one-command GPU validation.
 
 On a CUDA machine, in under 8 minutes (no run starts after --budget-s, 330 s by default,
 and each run's training is capped at 120 s):
 
 1. NCCL: a one-rank process group initialises and all-reduces a tensor on GPU 0.
 2. bf16 matmul peak of this GPU: a loop of 8192^3 matmuls timed with CUDA events.
-3. Training through the normal launcher (toolkit.bench.train, 1 rank, bf16, synthetic
+3. Training through the normal launcher (toolkit.measure.run, 1 rank, bf16, synthetic
    data): the default model (gpt_small) and gpt_1b, each eager and with torch.compile;
    tokens/s, MFU against the measured matmul peak and against the datasheet (hardware
    preset chosen from the device name: h100, h200, a100), and the performance model's
@@ -50,7 +50,7 @@ def hardware_preset(device_name: str) -> str | None:
 
 def no_cuda_message() -> str:
     return (
-        "toolkit.bench.gpu: no CUDA device visible (torch.cuda.is_available() is False; "
+        "toolkit.measure.gpu: no CUDA device visible (torch.cuda.is_available() is False; "
         f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}). "
         "The GPU checks need an NVIDIA GPU; nothing was run."
     )
@@ -114,7 +114,7 @@ def run_model(
     name: str, compile: bool, preset: str | None, out: Path, warmup: int, steps: int
 ) -> dict[str, Any]:
     """One benchmark run through the launcher; its one-line summary, or the failure."""
-    from toolkit.bench import train as bench_train
+    from toolkit.measure import run as bench_train
 
     run_dir = out / f"{name}-{'compile' if compile else 'eager'}"
     argv = [
@@ -216,7 +216,7 @@ def summary_table(report: dict[str, Any]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.bench.gpu")
+    parser = argparse.ArgumentParser(prog="python -m toolkit.measure.gpu")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument(
         "--budget-s", type=float, default=START_BUDGET_S, help="start no run after this"
