@@ -166,10 +166,10 @@ def step_seconds(ends: list[float], warmup: int) -> float:
 
 
 def worker(rank: int, world: int, job: JobConfig, args: dict, out: str) -> None:
+    from toolkit.data.tokens import BatchPlan
     from toolkit.distributed.env import discover
     from toolkit.distributed.init import init_distributed, shutdown_distributed
     from toolkit.tasks.train import build_loaders
-    from toolkit.train.data import BatchPlan
 
     env = discover()  # rank `rank` of `world` (toolkit.bench.ranks)
     device = init_distributed(env, 300.0)
@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.bench.ranks import run_ranks
     from toolkit.config.compose import compose_raw, to_job
     from toolkit.config.errors import ConfigError
-    from toolkit.train.data import prepare
+    from toolkit.data.files import prepare
 
     user_keys = {o.lstrip("+").split("=", 1)[0] for o in args.overrides}
     # Your own model (`model._target_=...`, `model.kind=NAME`) replaces the default preset.

@@ -124,7 +124,7 @@ def worker(rank: int, world: int, job: Any, args: dict, out: str) -> None:
 def overhead(args: argparse.Namespace) -> dict[str, Any]:
     from toolkit.bench.ranks import run_ranks
     from toolkit.config.compose import compose_raw, to_job
-    from toolkit.train.data import prepare
+    from toolkit.data.files import prepare
 
     keys = {o.split("=", 1)[0] for o in args.overrides}
     overrides = [d for d in DEFAULTS if d.split("=", 1)[0] not in keys]

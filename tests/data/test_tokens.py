@@ -1,4 +1,5 @@
-"""The data schedule: deterministic, world-size independent, resumable."""
+"""Token data (toolkit.data.tokens): deterministic, world-size independent, resumable, and
+the same batches whether DataLoader workers or the training process read them."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import numpy as np
 import torch
 
 from toolkit.config.data import DataConfig
-from toolkit.train.data import (
+from toolkit.data.files import builtin_corpus
+from toolkit.data.tokens import (
     ArraySource,
     BatchPlan,
-    Loader,
+    MappedTokens,
     SyntheticTokens,
-    builtin_corpus,
+    TokenLoader,
     open_sources,
 )
 
@@ -50,21 +52,39 @@ def test_targets_are_inputs_shifted_by_one() -> None:
     assert torch.equal(x[:, 1:], y[:, :-1])
 
 
-def test_loader_resumes_at_the_saved_position() -> None:
-    source = ArraySource(np.arange(5000, dtype=np.uint8))
-    loader = Loader(source, _plan(1, 0, 2, 1), prefetch=2)
+def test_loader_resumes_at_the_saved_position(tmp_path) -> None:
+    """Two workers read a memory-mapped file; a loader resumed from their state gives the
+    step the training process computes itself, bit for bit."""
+    path = tmp_path / "corpus.bin"
+    path.write_bytes(np.arange(5000, dtype=np.uint8).tobytes())
+    source = MappedTokens(path, 0, 5000)
+    loader = TokenLoader(source, _plan(1, 0, 2, 1), num_workers=2)
     batches = [next(loader) for _ in range(5)]
     state = loader.state_dict()
     loader.close()
-    resumed = Loader(source, _plan(1, 0, 2, 1), prefetch=2)
+    resumed = TokenLoader(source, _plan(1, 0, 2, 1), num_workers=2)
     resumed.load_state_dict(state)
     step, micro = next(resumed)
     resumed.close()
-    fresh = Loader(source, _plan(1, 0, 2, 1), prefetch=0)
+    fresh = TokenLoader(source, _plan(1, 0, 2, 1), num_workers=0)
     for _ in range(5):
         next(fresh)
     assert step == 5 == batches[-1][0] + 1
     assert torch.equal(micro[0][0], next(fresh)[1][0][0])
+
+
+def test_a_mapped_file_is_mapped_by_each_process_that_reads_it(tmp_path) -> None:
+    """Pickled for a worker, a source carries its path and range, not the corpus."""
+    import pickle
+
+    path = tmp_path / "corpus.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    source = MappedTokens(path, 256, 4096)
+    x, _ = source.window(np.array([0, 10]), 8)
+    copy = pickle.loads(pickle.dumps(source))
+    assert len(pickle.dumps(source)) < 1000 and copy._array is None
+    assert torch.equal(copy.window(np.array([0, 10]), 8)[0], x)
+    assert x[1, 0].item() == 10
 
 
 def test_builtin_corpus_is_real_text(tmp_path) -> None:
