@@ -13,7 +13,9 @@ and one warm-up batch. Prints one JSON object: median samples/s of each and thei
 it replaced (ThreadPrefetch below, the baseline: one daemon thread `prefetch` steps ahead),
 in the training loop itself: model=gpt_tiny trains --steps steps in this process (one-rank
 gloo group) with A's or B's loader, alternating --rounds times. Reports the median step
-time, data wait and tokens/s after --warmup steps, and the median of per-round A/B ratios.
+time, data wait and tokens/s after --warmup steps, and the median of per-round A/B ratios;
+then what `next(loader)` alone costs the training thread (median microseconds over 200
+steps, 2 ms apart so that prefetching keeps up): 2 workers, 0 workers, the thread.
 """
 
 from __future__ import annotations
@@ -150,6 +152,37 @@ def train_with(loader: str, data: str, steps: int, run_dir: Path) -> list:
     return trainer.records
 
 
+def next_cost_us(loader, steps: int = 200) -> float:
+    """Median microseconds of `next(loader)` with the batches prepared ahead."""
+    next(loader)
+    took = []
+    for _ in range(steps):
+        time.sleep(0.002)
+        start = time.perf_counter()
+        next(loader)
+        took.append(time.perf_counter() - start)
+    loader.close()
+    return statistics.median(took) * 1e6
+
+
+def delivery(data: str, rounds: int) -> dict[str, float]:
+    from toolkit.config.data import DataConfig
+    from toolkit.data.tokens import BatchPlan, TokenLoader, open_sources
+
+    source = open_sources(DataConfig(kind=data), 256)["train"]
+    plan = BatchPlan(0, 64, 8, 1, 1, 0)  # what train_with's job reads per step
+    variants = {
+        "workers2": lambda: TokenLoader(source, plan, num_workers=2),
+        "workers0": lambda: TokenLoader(source, plan, num_workers=0),
+        "thread": lambda: ThreadPrefetch(source, plan),
+    }
+    took = {name: [next_cost_us(make()) for _ in range(1)] for name, make in variants.items()}
+    for _ in range(rounds - 1):  # interleaved
+        for name, make in variants.items():
+            took[name].append(next_cost_us(make()))
+    return {f"next_us_{name}": statistics.median(t) for name, t in took.items()}
+
+
 def tokens(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     import torch.distributed as dist
 
@@ -181,6 +214,7 @@ def tokens(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                     "ratio_tokens_per_s_toolkit_over_thread": statistics.median(
                         x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(a, b, strict=True)
                     ),
+                    **delivery(data, args.rounds),
                 }
         finally:
             dist.destroy_process_group()
