@@ -94,3 +94,32 @@ def test_builtin_corpus_is_real_text(tmp_path) -> None:
     assert b"The " in text and b"function" in text
     sources = open_sources(DataConfig(kind="text", cache_dir=str(tmp_path)), 256)
     assert len(sources["train"]) > 19 * len(sources["val"]) * 0.9
+
+
+def test_token_market_and_user_loaders_all_implement_the_trainers_loader_contract(datasets):
+    """One Loader protocol (toolkit.data.loader.Loader) for every dataset the Trainer reads."""
+    from torch.utils.data import IterableDataset, TensorDataset
+
+    from tests.data.conftest import config
+    from toolkit.data import loader as market
+    from toolkit.data import user
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(100.0))
+
+    shape = _plan(1, 0, 2, 1)
+    loaders = [
+        TokenLoader(SyntheticTokens(256), shape, num_workers=0),
+        market.build_loaders(config(datasets["npy"]), shape, 18, 6, False)[0],
+        user.map_loader(
+            TensorDataset(torch.arange(10.0)), user.DatasetConfig("x.Y"), shape, "train", False
+        ),
+        user.StreamLoader(Stream(), shape, user.collate_of(None), num_workers=0),
+    ]
+    for loader in loaders:
+        assert isinstance(loader, market.Loader), type(loader).__name__
+        step, micro_batches = next(loader)
+        assert step == 0 and len(micro_batches) == shape.grad_accum
+        assert loader.state_dict()["next_step"] == 1
+        loader.close()

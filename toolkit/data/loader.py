@@ -20,7 +20,7 @@ import dataclasses
 import json
 import signal
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from toolkit.data.samples import Normalisation, Period, SampleOrder, SampleSpec,
 from toolkit.data.training import Opened, open_dataset
 
 
+@runtime_checkable
 class Loader(Protocol):
     """What the Trainer calls of its data, whatever the dataset (text and synthetic tokens:
     toolkit.data.tokens; the market: DatasetLoader below; your own: toolkit.data.user).
