@@ -204,7 +204,7 @@ def ranks_run(job: Any, bare: bool, world: int, warmup: int, out: Path) -> dict[
     from toolkit.bench.bare import run_worker
     from toolkit.bench.ranks import run_ranks
     from toolkit.config.model import series_shape
-    from toolkit.train.data import prepare
+    from toolkit.data.files import prepare
 
     prepare(job.data, *series_shape(job.model))
     out.mkdir(parents=True)

@@ -94,7 +94,7 @@ def bare_loop(
 
 def bare_run(job: JobConfig, env: Any, out: Path, device: torch.device) -> dict[str, Any]:
     from toolkit.tasks.train import build_loaders
-    from toolkit.train.data import BatchPlan
+    from toolkit.data.tokens import BatchPlan
 
     t = job.trainer
     plan = BatchPlan(

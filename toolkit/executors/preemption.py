@@ -6,9 +6,10 @@ then the final checkpoint must commit before the job is requeued: one retry if i
 and a requeue without it only when an older committed checkpoint exists to resume from.
 
 On Slurm the job gets `--signal=USR2@<lead>` before its time limit and SIGTERM when it is
-preempted (or requeued). Text data loads in a thread (toolkit.train.data.Loader), and
-Python delivers signals to the main thread only, so no loader thread can be interrupted by
-them; the worker *processes* of data=returns (toolkit.data.loader) set SIG_IGN for both.
+preempted (or requeued). Every dataset loads in torch DataLoader worker *processes*
+(toolkit.data.loader.StepLoader, or torchdata's StatefulDataLoader), which set SIG_IGN for
+both; Python delivers signals to the main thread only, so no pin-memory thread is
+interrupted by them.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig, series_shape, vocab_size
 from toolkit.config.parallel import MeshShape, mesh_shape, pipeline_stages
 from toolkit.config.shape import micro_batch_size
+from toolkit.data.tokens import BatchPlan
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import local_param_bytes, parallelize
@@ -36,7 +37,6 @@ from toolkit.telemetry.profiler import ProfileHook, profiling_configured
 from toolkit.telemetry.sink import StopWhenAgentLost, TelemetrySink, build_telemetry_sinks
 from toolkit.telemetry.spec import WatchdogSpec
 from toolkit.train.console import ConsoleSink
-from toolkit.train.data import BatchPlan, Loader, open_sources
 from toolkit.train.loop import Trainer
 from toolkit.train.models import use_kernels
 from toolkit.train.models.registry import spec_config, spec_for
@@ -201,7 +201,8 @@ def build_loaders(
     training period's statistics (saved in the run dir, and in checkpoints with the loader's
     state), validated by information coefficient. A bad dataset is the user's to fix: one
     line (the launcher has usually caught it already). data._target_: your own Dataset
-    (toolkit.data.user)."""
+    (toolkit.data.user). data=text|synthetic: token windows (toolkit.data.tokens). All three
+    implement toolkit.data.loader.Loader."""
     if isinstance(job.data, DatasetConfig):
         from toolkit.data.user import build_loaders as build_user_loaders
 
@@ -226,10 +227,10 @@ def build_loaders(
         if job.data.sample == "per_instrument":  # one row per instrument: group by time step
             return train, val, functools.partial(rank_ic, group=val.windows.num_instruments)
         return train, val, rank_ic
-    sources = open_sources(job.data, vocab_size(job.model) or 256)
-    loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)
-    val_plan = dataclasses.replace(plan, grad_accum=1)
-    return loader, Loader(sources["val"], val_plan, prefetch=0, split="val"), None
+    from toolkit.data.tokens import build_loaders as build_token_loaders
+
+    pin = job.data.pin_memory and device.type == "cuda"
+    return (*build_token_loaders(job.data, plan, vocab_size(job.model) or 256, pin), None)
 
 
 def pipeline_split(job: JobConfig, shape: MeshShape) -> list[int]:

@@ -27,11 +27,11 @@ from torch import nn
 from toolkit.config.fault import FaultConfig
 from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
+from toolkit.data.loader import Loader
 from toolkit.distributed.commtime import CommTimer
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, Sink, StepRecord
 from toolkit.hooks import Hook, Stop, split_votes
-from toolkit.train.data import Loader
 from toolkit.train.faults import FaultInjector
 from toolkit.train.flops import mfu
 from toolkit.train.nonfinite import NonfiniteGuard
@@ -158,7 +158,7 @@ class Trainer:
 
     def use_global_batch(self, global_batch: int) -> None:
         """Re-split the batch plan so that a step sees `global_batch` sequences: the same
-        windows in the same order as any other world size (toolkit.train.data)."""
+        windows in the same order as any other world size (toolkit.data.loader)."""
         plan = self.loader.plan
         if global_batch == plan.global_batch_size:
             return

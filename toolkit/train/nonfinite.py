@@ -46,7 +46,7 @@ class GuardedTrainer(TrainerView, Protocol):
     state: Counters
     tokens_per_step: int
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    loader: Any  # toolkit.train.data.Loader's contract: load_state_dict({"next_step": n})
+    loader: Any  # toolkit.data.loader.Loader: load_state_dict({"next_step": n})
 
 
 class NonfiniteGuard:
