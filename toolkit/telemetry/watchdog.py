@@ -269,7 +269,7 @@ class Watchdog:
         out = []
         for rank, path in self.paths.items():
             beat = read_heartbeat(path) or self.beats.get(rank)
-            if beat is None:
+            if beat is None or rank in self.closed:  # a rank that ended is not hung
                 continue
             out.append({"rank": rank, "host": self.host, **beat, "idle_s": self.idle_s(rank, now)})
         return out
