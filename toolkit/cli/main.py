@@ -30,6 +30,10 @@ BENCHES = {
     "data": ("toolkit.bench.data", "loader samples/s by format and workers vs the need"),
     "user-data": ("toolkit.bench.user_data", "the user-dataset loader vs a plain DataLoader"),
     "grad-sync": ("toolkit.bench.grad_sync", "gradient sync per micro-step: peak memory"),
+    "script-launch": (
+        "toolkit.bench.script_launch",
+        "a user's script: launch-to-first-step vs torchrun, node agent on vs off",
+    ),
     "telemetry": ("toolkit.bench.telemetry", "telemetry size, agent costs, report speed"),
     "tracking": ("toolkit.bench.tracking", "experiment trackers: cost per record"),
     "gpu": ("toolkit.measure.gpu", "GPU validation: matmul, bandwidth, NCCL"),
