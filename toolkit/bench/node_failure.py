@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from toolkit import slurm_cli
+
 # Measured on the 2-vCPU dev VM (see docs/BENCHMARKS.md); Slurm alone, without StartTime=now,
 # holds a requeued job ~120 s before it may start.
 BASELINE_FAIL_TO_FIRST_STEP_S = 16.7
@@ -69,7 +71,7 @@ HANG_OVERRIDES = [
 
 
 def _scontrol(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30)
+    return slurm_cli.run("scontrol", *args)
 
 
 def one(run_dir: Path) -> dict[str, float]:
