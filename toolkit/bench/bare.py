@@ -93,8 +93,8 @@ def bare_loop(
 
 
 def bare_run(job: JobConfig, env: Any, out: Path, device: torch.device) -> dict[str, Any]:
-    from toolkit.tasks.train import build_loaders
     from toolkit.data.tokens import BatchPlan
+    from toolkit.tasks.train import build_loaders
 
     t = job.trainer
     plan = BatchPlan(

@@ -23,17 +23,13 @@ from submitit.core.utils import FailedJobError
 from toolkit.config.shape import tasks_per_node
 from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root, rundir_lock
-from toolkit.executors.slurm_exclude import JobShape, RequeueWatch
-from toolkit.executors.slurm_jobs import (
-    JobState,
-    cancel,
-    failed_task,
-    job_states,
-    unreachable_reason,
-)
+from toolkit.executors.requeue import RequeuePolicy
+from toolkit.executors.slurm_exclude import RequeueWatch
+from toolkit.executors.slurm_jobs import failed_task, unreachable_reason
 from toolkit.executors.slurm_sbatch import Submission, log_path, plan
 from toolkit.fault.hang import hang_summaries
 from toolkit.redact import redact
+from toolkit.slurm_cli import JobState, cancel, job_states
 
 POLL_S = 0.5
 TAIL_LINES = 20
@@ -216,8 +212,7 @@ def wait(job_id: str, on_poll=None) -> dict[str, JobState]:
 
 def requeue_watch(job: Any, run_dir: Path, job_id: str) -> RequeueWatch:
     """What the launcher does about bad nodes while it follows the job (slurm_exclude)."""
-    shape = JobShape.of(job)
-    return RequeueWatch(run_dir, job_id, shape, job.checkpoint.requeue, job.checkpoint.max_restarts)
+    return RequeueWatch(run_dir, job_id, RequeuePolicy.of(job))
 
 
 def follow_job(

@@ -30,8 +30,10 @@ from typing import Any, BinaryIO
 from toolkit.config.job import JobConfig
 from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.errors import EXIT_PREEMPTED
-from toolkit.executors.preemption import requeue, signal_number, slurm_job_id
+from toolkit.executors.preemption import signal_number, slurm_job_id
+from toolkit.executors.requeue import RequeuePolicy
 from toolkit.session import BEAT, ENV, REQUEST, SessionSpec
+from toolkit.slurm_cli import requeue
 from toolkit.telemetry.schema import node_name
 from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
 from toolkit.telemetry.transport import socket_path
@@ -229,16 +231,10 @@ def after_script(job: JobConfig, env: DistEnv, run_dir: Path, code: int, signall
         return EXIT_PREEMPTED if asked else code  # locally: relaunch into the run dir
     if not env.is_rank0:
         return 0
-    restarts = restart_count()
-    if not job.checkpoint.requeue:
-        log.warning("checkpoint.requeue=false: not requeueing job %s", job_id)
-    elif restarts >= job.checkpoint.max_restarts:
-        log.error(
-            "job %s restarted %d times (checkpoint.max_restarts=%d): not requeueing",
-            job_id,
-            restarts,
-            job.checkpoint.max_restarts,
-        )
+    policy = RequeuePolicy.of(job)
+    refusal = policy.refusal(job_id, policy.restarts())
+    if refusal is not None:
+        (log.warning if not policy.requeue else log.error)("%s", refusal)
     else:
         (run_dir / REQUEST).unlink(missing_ok=True)
         done = requeue(job_id)

@@ -84,17 +84,19 @@ def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
         return None
     from toolkit.executors import after_hang
     from toolkit.executors.preemption import slurm_job_id
+    from toolkit.executors.requeue import RequeuePolicy
 
+    policy = RequeuePolicy.of(job)  # crosses to the after-hang action field by field
     return WatchdogSpec(
         timeout_s=job.fault.hang_timeout_s,
         startup_timeout_s=job.fault.hang_startup_timeout_s,
-        requeue=job.checkpoint.enabled and job.checkpoint.requeue,
-        max_restarts=job.checkpoint.max_restarts,
+        requeue=job.checkpoint.enabled and policy.requeue,
+        max_restarts=policy.max_restarts,
         slurm_job_id=slurm_job_id(env.source),
-        nodes=job.cluster.nodes,
-        exclude=job.cluster.exclude,
-        partition=job.cluster.partition,
-        exclude_nodes=job.fault.exclude_nodes,
+        nodes=policy.shape.nodes,
+        exclude=policy.shape.exclude,
+        partition=policy.shape.partition,
+        exclude_nodes=policy.shape.enabled,
         after_hang_module=after_hang.__name__,
     )
 
@@ -132,23 +134,19 @@ def build_checkpoint_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Si
     from toolkit.checkpoint.hook import CheckpointHook
     from toolkit.checkpoint.state import ConfigRecord
     from toolkit.config.compose import job_to_dict
-    from toolkit.executors.preemption import PreemptionHook, RequeuePolicy, slurm_job_id
+    from toolkit.executors.preemption import PreemptionHook, PreemptionSettings, slurm_job_id
+    from toolkit.executors.requeue import RequeuePolicy
     from toolkit.redact import redact
 
     config = ConfigRecord.of(redact(job_to_dict(job)))  # each checkpoint's config.json
     checkpoint = CheckpointHook(job.checkpoint, run_dir, config, sink, job.fault)
-    from toolkit.executors.slurm_exclude import JobShape
-
-    policy = RequeuePolicy(
+    settings = PreemptionSettings(
         signal_name=job.cluster.signal,
         signal_lead_s=job.cluster.signal_lead_s,
-        requeue=job.checkpoint.requeue,
-        max_restarts=job.checkpoint.max_restarts,
         slurm_job_id=slurm_job_id(env.source),
         run_dir=run_dir,
-        shape=JobShape.of(job),
     )
-    return [checkpoint, PreemptionHook(checkpoint, sink, policy)]
+    return [checkpoint, PreemptionHook(checkpoint, sink, RequeuePolicy.of(job), settings)]
 
 
 def build_node_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
@@ -159,7 +157,7 @@ def build_node_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) ->
     from toolkit.executors.exclusion import BadNode
     from toolkit.executors.node_events import ExclusionEvents
     from toolkit.executors.preemption import slurm_job_id
-    from toolkit.executors.slurm_exclude import JobShape
+    from toolkit.executors.requeue import JobShape
     from toolkit.telemetry.straggler import StragglerHook
 
     hooks: list[Hook] = []

@@ -177,7 +177,8 @@ def streams(run_dir: Path, cfg: ReportConfig) -> bool:
 
 def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Report:
     """Load, analyse and write every output under out_dir (default RUN_DIR/telemetry/report)."""
-    from toolkit.telemetry.report import html, plots, slurm
+    from toolkit import slurm_cli
+    from toolkit.telemetry.report import html, plots
 
     t0 = time.perf_counter()
     scaled = load_scaled(Path(run_dir), cfg) if streams(Path(run_dir), cfg) else None
@@ -195,7 +196,7 @@ def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Repo
         report.out_dir = out
         if cfg.sacct:
             job_ids = sorted({n.job_id for n in run.nodes if n.job_id})
-            report.sacct, report.sacct_note = slurm.sacct(job_ids[0] if job_ids else "")
+            report.sacct, report.sacct_note = slurm_cli.sacct_summary(job_ids[0] if job_ids else "")
         else:
             report.sacct_note = "Slurm accounting not asked for (--no-sacct)"
         if cfg.export and scaled is None:
