@@ -7,6 +7,7 @@ Rank 0 writes to this terminal; every other rank to RUN_DIR/logs/rank<k>.{out,er
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import signal
 import subprocess
@@ -69,6 +70,16 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return ""
+
+
+def failed_at(logs: Path, rank: int) -> float:
+    """When the rank wrote its error; -inf when it wrote none (killed, or exited without a
+    Python error), so a rank that died outright counts as the first. A file left by an
+    earlier launch is older than any written in this one, so it sorts the same way."""
+    try:
+        return (logs / f"error-rank{rank}.txt").stat().st_mtime
+    except OSError:
+        return -math.inf
 
 
 def interrupted_line(run_dir: Path, cut_off: bool) -> str:
@@ -177,7 +188,7 @@ class LocalExecutor:
                 )
             )
         try:
-            code, failed = self._supervise(procs, job.launch.kill_grace_s)
+            code, failed = self._supervise(procs, job.launch.kill_grace_s, logs)
         except KeyboardInterrupt:
             print(
                 "interrupted: the ranks stop at their next step and checkpoint "
@@ -214,17 +225,20 @@ class LocalExecutor:
                 print(f"--- rank {failed} (tail) ---\n{report}", file=sys.stderr)
         return code
 
-    def _supervise(self, procs: list[subprocess.Popen], grace_s: float) -> tuple[int, int | None]:
+    def _supervise(
+        self, procs: list[subprocess.Popen], grace_s: float, logs: Path
+    ) -> tuple[int, int | None]:
         while True:
-            alive = False
-            for rank, p in enumerate(procs):
-                code = p.poll()
-                if code is None:
-                    alive = True
-                elif code != 0:
-                    self._terminate(procs, grace_s)
-                    return (code if code > 0 else 128 - code), rank
-            if not alive:
+            codes = [p.poll() for p in procs]
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
+                # Ranks that died between two polls: the first to fail is the cause (the
+                # others mostly report the broken collective), told by when each wrote its error.
+                rank = min(failed, key=lambda r: failed_at(logs, r))
+                code = codes[rank]
+                self._terminate(procs, grace_s)
+                return (code if code > 0 else 128 - code), rank
+            if None not in codes:
                 return 0, None
             time.sleep(POLL_S)
 
