@@ -366,6 +366,26 @@ def attempts(job_id: str) -> list[Attempt]:
 
 # ---- job control ----
 
+
+class SbatchRejected(SlurmCommandError):
+    """sbatch refused the job; the message is what it said, on one line."""
+
+
+def sbatch(script: str, timeout_s: float = 120.0) -> str:
+    """Submit a batch script (its path); the job id. SbatchRejected with what sbatch said
+    (every line, without its 'sbatch: error:' prefix) when it refused the job."""
+    done = run("sbatch", script, timeout_s=timeout_s)
+    if done.returncode != 0:
+        lines = [
+            line.strip().removeprefix("sbatch: error:").strip() for line in done.stderr.splitlines()
+        ]
+        raise SbatchRejected("; ".join(line for line in lines if line) or first_line(done))
+    m = re.search(r"job (\d+)", done.stdout)
+    if m is None:
+        raise SlurmCommandError(f"sbatch: no job id in its answer {done.stdout.strip()!r}")
+    return m.group(1)
+
+
 # slurmd refuses a batch job whose credential is not newer, to the second, than the
 # revocation of the attempt it just killed ("Job credential revoked", seen on the dev cluster
 # when StartTime=now put a requeued job back on one of its nodes within the same second):
