@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -187,6 +188,10 @@ class LocalExecutor:
                     preexec_fn=end_with(os.getpid()),
                 )
             )
+        # Ctrl-C stops the ranks at their next step even where SIGINT came in ignored (a
+        # command started with `&` from a script): the ranks handle it themselves anyway.
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
         try:
             code, failed = self._supervise(procs, job.launch.kill_grace_s, logs)
         except KeyboardInterrupt:
@@ -203,6 +208,8 @@ class LocalExecutor:
             print(interrupted_line(run.run_dir, cut_off), file=sys.stderr)
             return 130
         finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
             for f in files:
                 f.close()
         hangs = hang_summaries(run.run_dir, since_unix=started) if failed is not None else []
