@@ -42,6 +42,7 @@ from toolkit.train.models import use_kernels
 from toolkit.train.models.registry import spec_config, spec_for
 from toolkit.train.models.spec import ModelSpec
 from toolkit.train.optim import build_optimizer, build_scheduler
+from toolkit.train.parts import Data, Instruments, Learning
 from toolkit.train.pipeline import PipelineStep, build_pipeline
 from toolkit.train.steps import Accumulation
 from toolkit.train.targets import build_callbacks
@@ -336,28 +337,26 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
             spec.predict,
             *micro_step_sync(job, env),
         )
-    trainer = Trainer(
-        job.trainer,
-        model,
-        optimizer,
-        scheduler,
-        loader,
+    learning = Learning(model, optimizer, scheduler, strategy, grad_clip=job.optim.grad_clip)
+    instruments = Instruments(
         sink,
-        device=device,
-        flops_per_sample=model_flops_per_sample(spec, job),
+        device,
         peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
-        val_loader=val_loader,
-        grad_clip=job.optim.grad_clip,
+        flops_per_sample=model_flops_per_sample(spec, job),
+        count_flops=flops_counter(spec, job),
+        throughput_unit=spec.unit,
         fault=job.fault,
         comm_timer=comm,  # timing=False: take() reports zeros, as with no timer
         heartbeat=heartbeat,
-        eval_metric=eval_metric,
-        strategy=strategy,
     )
-    trainer.throughput_unit = spec.unit
-    trainer.count_flops = flops_counter(spec, job)
-    trainer.layout = shape.degrees()
-    trainer.hooks = build_hooks(job, env, run_dir, sink)
+    trainer = Trainer(
+        job.trainer,
+        learning,
+        Data(loader, val_loader, eval_metric),
+        instruments,
+        hooks=build_hooks(job, env, run_dir, sink),
+        layout=shape.degrees(),
+    )
     return trainer
 
 
