@@ -173,25 +173,29 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
     progress = Progress(beat_path)
     forwarded = 0
     try:
-        while proc.poll() is None:
-            time.sleep(POLL_S)
-            while forwarded < len(received):  # the handler only noted it: forward it here
-                with contextlib.suppress(OSError):
-                    proc.send_signal(received[forwarded])
-                forwarded += 1
-            if hb is not None and progress.moved(seen[0], cpu_time_s(proc.pid)):
-                # Startup (hang_startup_timeout_s) until the script shows a sign of life.
-                hb.beat("step", progress.step)
-        for t in pumps:
-            t.join(timeout=5)
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                while forwarded < len(received):  # the handler only noted it: forward it here
+                    with contextlib.suppress(OSError):
+                        proc.send_signal(received[forwarded])
+                    forwarded += 1
+                if hb is not None and progress.moved(seen[0], cpu_time_s(proc.pid)):
+                    # Startup (hang_startup_timeout_s) until the script shows a sign of life.
+                    hb.beat("step", progress.step)
+            for t in pumps:
+                t.join(timeout=5)
+        finally:
+            for s in sinks:
+                s.close()
+            beat_path.unlink(missing_ok=True)
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        # Still under the handlers: `scontrol requeue` SIGTERMs this job while rank 0 is yet
+        # to make the requeued job eligible now (Slurm would hold it ~120 s).
+        code = after_script(job, env, run_dir, code, bool(received))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for s in sinks:
-            s.close()
-        beat_path.unlink(missing_ok=True)
-    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    code = after_script(job, env, run_dir, code, bool(received))
     if env.is_rank0:
         write_summary(run_dir, code)
     return {"exit_code": code}
