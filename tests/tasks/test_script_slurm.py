@@ -1,7 +1,9 @@
 """Your own script on the dev Slurm cluster, 2 nodes: from plain sbatch (jobs/script.sbatch)
 uninterrupted, and through `toolkit.launch script.path=... cluster=slurm` with USR2 mid-run:
 the script saves through toolkit.session, rank 0 requeues the job under the restart cap, the
-next attempt resumes from the checkpoint and its losses equal the uninterrupted run's."""
+next attempt resumes from the checkpoint and its losses equal the uninterrupted run's. An
+unmodified DDP script whose rank on the second node dies stops the job with that rank's
+error; one whose rank there hangs is named, dumped and ends the job with exit 79."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 
 from tests.executors.slurm_jobs import losses, wait_for
 from tests.executors.test_node_exclusion import attempts
+from toolkit.errors import EXIT_HANG
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -73,3 +76,44 @@ def test_usr2_saves_requeues_and_resumes_with_the_uninterrupted_losses(
     assert f"resumed at step {saved} (attempt 1)" in out
     assert saved < STEPS
     assert losses(run_dir) == losses(uninterrupted)
+
+
+DDP = str(REPO / "tests" / "fixtures" / "scripts" / "ddp_train.py")
+
+
+def launch_script(cluster, run_dir: Path, args: str, *overrides: str):
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.launch", f"script.path={DDP}", f"script.args={args}",
+         "cluster=slurm", "cluster.nodes=2", "cluster.time=00:05:00", *overrides,
+         f"hydra.run.dir={run_dir}"],
+        cwd=REPO, env=cluster_env(cluster), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_a_rank_that_dies_on_the_second_node_stops_the_job_with_its_error(slurm_cluster, tmp_path):
+    done = launch_script(
+        slurm_cluster, tmp_path / "run", "[--steps,200,--sleep-s,0.2,--fail-rank,1,--fail-at,3]"
+    )
+    assert done.returncode != 0
+    assert "rank 1 failed" in done.stderr, done.stderr[-3000:]
+    assert "injected failure on rank 1 at step 3" in done.stderr
+    assert "step 199 " not in done.stdout  # stopped there, not run to its end
+
+
+def test_a_hung_rank_on_the_second_node_is_named_dumped_and_the_job_ends_79(
+    slurm_cluster, tmp_path
+):
+    run_dir = tmp_path / "run"
+    done = launch_script(
+        slurm_cluster,
+        run_dir,
+        "[--steps,200,--hang-rank,1,--hang-at,3]",
+        "fault.hang_timeout_s=8",
+        "fault.hang_startup_timeout_s=120",
+    )
+    assert done.returncode == EXIT_HANG, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("hang: rank"), line
+    assert "1" in line.split(" on ")[0]  # rank 1 is named (alone, or with its waiting peer)
+    (hang,) = (run_dir / "hangs").glob("2*")
+    assert 'ddp_train.py", line' in (hang / "stacks-rank1.txt").read_text()
