@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from toolkit.distributed import env as dist_env
+from toolkit import slurm_cli
 from toolkit.distributed.env import discover, expand_nodelist, port_from_job_id
 
 
 @pytest.fixture(autouse=True)
 def no_scontrol(monkeypatch):
     """Parse nodelists in Python: these tests must not depend on a reachable cluster."""
-    monkeypatch.setattr(dist_env.shutil, "which", lambda name: None)
+    monkeypatch.setattr(slurm_cli.shutil, "which", lambda name: None)
 
 
 def srun_task(procid: int, nodeid: int, localid: int, **extra: str) -> dict[str, str]:
