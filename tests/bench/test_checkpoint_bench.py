@@ -3,6 +3,7 @@
 import json
 from itertools import pairwise
 
+import pytest
 import torch
 
 from toolkit.bench.checkpoint.__main__ import main as checkpoint_bench
@@ -34,6 +35,7 @@ def test_cpu_cost_reports_every_piece_of_a_save(tmp_path, capsys):
     assert all(r["wall_s_per_GB"] > 0 and r["GB"] > 0.01 for r in rows.values())
 
 
+@pytest.mark.slow
 def test_stall_runs_every_mode_and_summarizes_lost_time(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
@@ -73,6 +75,7 @@ def test_the_neighbour_uses_the_cpu_seconds_it_is_asked_for():
     assert neighbour.process.exitcode == 0
 
 
+@pytest.mark.slow
 def test_stall_with_a_neighbour_window_reports_the_cost_per_cpu_second(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
@@ -87,6 +90,7 @@ def test_stall_with_a_neighbour_window_reports_the_cost_per_cpu_second(tmp_path)
     assert "save_cpu_s" in result["summary"]["async-idle-overlap-direct"]
 
 
+@pytest.mark.slow
 def test_the_writer_benchmark_times_every_mode_against_the_bare_steps(tmp_path, monkeypatch):
     for name in (
         "RANK",
@@ -103,6 +107,7 @@ def test_the_writer_benchmark_times_every_mode_against_the_bare_steps(tmp_path, 
     assert result["bytes"] > 0 and all(len(v) == 1 for v in result["window_s"].values())
 
 
+@pytest.mark.slow
 def test_the_null_dcp_defaults_and_pickle_variants_run_the_same_save_path(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
@@ -122,6 +127,7 @@ def test_the_null_dcp_defaults_and_pickle_variants_run_the_same_save_path(tmp_pa
     assert abs(pickled["size_bytes"] - direct["size_bytes"]) < 100
 
 
+@pytest.mark.slow
 def test_baselines_can_be_measured_in_every_nth_trial_only(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "3", "--steps", "1"]
@@ -135,6 +141,7 @@ def test_baselines_can_be_measured_in_every_nth_trial_only(tmp_path):
     assert result["summary"]["async-idle-overlap-direct"]["lost_over_lost_sync"] is not None
 
 
+@pytest.mark.slow
 def test_gil_benchmark_times_each_variant_on_the_training_thread(tmp_path):
     out = tmp_path / "gil.json"
     argv = ["gil", "--model", "gpt_tiny", "--reps", "1", "--dir", str(tmp_path), "--json", str(out)]

@@ -57,6 +57,7 @@ def test_bad_arguments_are_one_line_each(argv, message):
     assert any(message in line for line in check_args(parse_args(argv)))
 
 
+@pytest.mark.slow
 def test_matrix_end_to_end_on_gpt_tiny(tmp_path):
     prices = tmp_path / "prices.yaml"
     prices.write_text("cpu: 1.0\nh100: 3.0\n")

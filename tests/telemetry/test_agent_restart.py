@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 
 import psutil
+import pytest
 
 from tests.checkpoint.conftest import start as start  # noqa: F401 - the fixture
 from tests.checkpoint.conftest import wait_for
@@ -24,6 +25,7 @@ def agents(launcher_pid: int) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_a_killed_node_agent_is_restarted_and_training_goes_on(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(
