@@ -11,9 +11,9 @@ import pytest
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import GPTConfig, TimeSeriesConfig
+from toolkit.measure.plan_check import rank_agreement, spearman, spread
 from toolkit.perfmodel import Layout, predict
 from toolkit.plan import cost_rows, layouts, rank_plans
-from toolkit.plan_check import rank_agreement, spearman, spread
 
 SMALL = GPTConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256)
 # 2 nodes x 4 ranks, sequence 256

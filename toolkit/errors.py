@@ -18,9 +18,17 @@ EXIT_RESUME_REFUSED = 78  # EX_CONFIG: the run's config does not fit the checkpo
 EXIT_HANG = 79  # a rank made no progress for fault.hang_timeout_s; stacks dumped, then ended
 EXIT_NONFINITE = 80  # the loss or grad norm went NaN/inf (trainer.on_nonfinite=stop): nothing
 # was applied or committed from that step; lower the learning rate, or resume and skip it
+EXIT_TELEMETRY_LOST = 81  # a node agent died for good (telemetry.on_agent_lost=stop): the
+# run stopped at the next step, with its final checkpoint; relaunch to resume
 
 USER_ERROR_EXITS = frozenset(
-    {EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED, EXIT_NONFINITE, EXIT_RUN_DIR_BUSY}
+    {
+        EXIT_CHECKPOINT_UNUSABLE,
+        EXIT_RESUME_REFUSED,
+        EXIT_NONFINITE,
+        EXIT_RUN_DIR_BUSY,
+        EXIT_TELEMETRY_LOST,
+    }
 )
 
 

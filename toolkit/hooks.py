@@ -96,6 +96,13 @@ class Hook:
         value, the same on every rank), added to the eval event and summary.json."""
         return {}
 
+    def restore_finite(self, trainer: TrainerView) -> str | None:
+        """A step went non-finite and trainer.on_nonfinite=rollback: put the trainer back to
+        the newest committed checkpoint this hook keeps (model, optimizer, schedule, data
+        position, RNG) and return its path; None where this hook keeps none. Every rank calls
+        it; the first hook to restore wins."""
+        return None
+
     def on_stop(self, trainer: TrainerView, stop: Stop) -> Stop | None:
         """Training stops (for any reason, hooks in order); may return an amended Stop
         (e.g. another exit status when the final save failed)."""

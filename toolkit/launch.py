@@ -219,8 +219,8 @@ def prepare_in_allocation(
     The allocation decides the shape (its overrides come last). Without hydra.run.dir the
     run dir is outputs/slurm/<job id> under the submit dir, so that a requeue finds it.
     """
+    from toolkit.data.files import prepare as prepare_data
     from toolkit.distributed.env import slurm_job_label
-    from toolkit.train.data_files import prepare as prepare_data
 
     nodes = int(environ["SLURM_JOB_NUM_NODES"])
     tasks = int(environ["SLURM_NTASKS"]) // nodes
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cfg:
         return print_cfg(args, runs, cfgs)
 
-    from toolkit.train.data_files import prepare as prepare_data
+    from toolkit.data.files import prepare as prepare_data
 
     for run, cfg in zip(runs, cfgs, strict=True):
         if not run.job.launch.dry_run:

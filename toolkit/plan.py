@@ -16,7 +16,7 @@ binds (they let a faster layout fit); on a tie the default comes first.
 --cost PRICES.yaml (a mapping hardware preset -> price per device-hour, written by the user;
 no price is built in) prints the time and cost to train --tokens N tokens with the best layout
 on every priced preset, the cheapest first. --check K [--spread] runs K plans locally for a
-few steps through the training benchmark (toolkit.plan_check) and prints predicted vs
+few steps through the training benchmark (toolkit.measure.plan_check) and prints predicted vs
 measured and whether the predicted order holds.
 """
 
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({' '.join(r['overrides'])})"  # type: ignore[arg-type]
             )
     if args.check:
-        from toolkit.plan_check import check, spread
+        from toolkit.measure.plan_check import check, spread
 
         chosen = spread(plans, args.check) if args.spread else plans[: args.check]
         # The checked runs compose the job themselves: the -cd directories reach them (and

@@ -151,9 +151,6 @@ def step(number: int) -> Iterator[None]:
         heartbeat(number)
 
 
-_FIELDS = None
-
-
 def log(step: int, **metrics: float) -> None:
     """A step record (toolkit.events.StepRecord's fields: loss, step_time_s, tokens,
     tokens_per_s, lr, grad_norm, ...; other names are kept in the JSON line) into

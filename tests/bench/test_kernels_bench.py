@@ -156,3 +156,21 @@ def test_bytes_are_printed_in_a_unit_that_shows_them():
     assert bench.human_bytes(1536) == "1.50 KiB"
     assert bench.human_bytes(48 * 2**20) == "48.00 MiB"
     assert bench.human_bytes(3 * 2**30) == "3.00 GiB"
+
+
+def test_on_the_meta_device_the_fused_time_series_ops_keep_only_their_statistics(tmp_path):
+    """`--device meta`: the bytes saved for backward at the bench size, exact and in no time;
+    the references keep their intermediates, the fused ops (their meta entries) almost
+    nothing."""
+    modules = "toolkit.kernels.masked_norm,toolkit.kernels.masked_loss"
+    assert bench.main(["--device", "meta", "--modules", modules, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "kernels.json").read_text())["rows"]
+    kept = {(r["case"], r["variant"]): r["saved_bytes"] for r in rows}
+    mib = 2**20
+    # norm: 32*256*512*8 fp32 deviations (128 MiB) kept by the reference; the op keeps
+    # mean and rstd, 32*256*8 fp32 each (0.5 MiB together).
+    assert kept["masked_cross_section_norm", "eager"] == 128 * mib + 3 * 32 * 256 * 8 * 4
+    assert kept["masked_cross_section_norm", "kernel"] == mib // 2
+    # loss: the reference keeps the error (and the Huber branch's masks); the op nothing.
+    for loss in ("masked_mse_loss", "masked_huber_loss"):
+        assert kept[loss, "eager"] >= 16 * mib and kept[loss, "kernel"] == 0

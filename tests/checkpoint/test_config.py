@@ -7,7 +7,8 @@ from toolkit.config.checkpoint import problems as validate_checkpoint
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import validate
-from toolkit.executors.preemption import classify, parse_slurm_time, signal_number
+from toolkit.executors.preemption import classify, signal_number
+from toolkit.slurm_cli import parse_time
 
 
 def test_every_checkpoint_option_composes():
@@ -39,8 +40,8 @@ def test_timeout_is_told_from_preemption_by_the_jobs_end_time():
 
 
 def test_slurm_times_and_signal_names_parse():
-    assert parse_slurm_time("Unknown") is None
-    assert parse_slurm_time("2026-11-29T20:00:00") is not None
+    assert parse_time("Unknown") is None
+    assert parse_time("2026-11-29T20:00:00") is not None
     assert signal_number("USR2") == signal_number("SIGUSR2") == 12
     with pytest.raises(ValueError, match="cluster.signal=BOGUS"):
         signal_number("BOGUS")

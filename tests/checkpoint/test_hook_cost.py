@@ -24,7 +24,7 @@ def collectives_per_run(tmp_path, monkeypatch, checkpointing: bool) -> int:
                 "model=gpt_tiny",
                 "data=synthetic",
                 "data.seq_len=16",
-                "data.prefetch=0",
+                "data.num_workers=0",
                 f"trainer.steps={STEPS}",
                 "trainer.micro_batch_size=2",
                 "trainer.eval_batches=0",

@@ -59,8 +59,14 @@ def test_skip_leaves_the_weights_as_they_were_and_the_run_goes_on(tmp_path):
     assert summary["steps"] == 4
 
 
-@pytest.mark.parametrize("value", ["rollback", "continue"])
-def test_an_unknown_nonfinite_action_is_refused_before_any_rank_starts(tmp_path, value):
-    done = launch(tmp_path, f"trainer.on_nonfinite={value}", "launch.dry_run=true")
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.on_nonfinite=continue", "unknown; allowed: stop, skip, rollback"),
+        ("trainer.max_rollbacks=-1", "must be >= 0"),
+    ],
+)
+def test_an_unknown_nonfinite_action_is_refused_before_any_rank_starts(tmp_path, override, message):
+    done = launch(tmp_path, override, "launch.dry_run=true")
     assert done.returncode == 2
-    assert f"trainer.on_nonfinite={value}: use one of stop, skip" in done.stderr
+    assert f"{override}: {message}" in done.stderr

@@ -8,8 +8,19 @@ import time
 import pytest
 import torch
 
-from toolkit.bench.checkpoint.gil import kept_out_while
 from toolkit.checkpoint.staging import build_stager
+
+
+def kept_out_while(busy, tick_s: float = 0.001, slack_s: float = 0.0001) -> float:
+    """Seconds the calling thread wanted to run Python and could not, while `busy()`: it
+    sleeps `tick_s` at a time and adds up how late it wakes beyond `slack_s` (waiting for
+    the GIL or a core)."""
+    late = 0.0
+    while busy():
+        t = time.perf_counter()
+        time.sleep(tick_s)
+        late += max(0.0, time.perf_counter() - t - tick_s - slack_s)
+    return late
 
 
 def state_dict():

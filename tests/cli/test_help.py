@@ -36,6 +36,27 @@ def test_group_help_matches_its_golden_file(tmp_path):
     check_golden("launch_help_cluster.txt", done.stdout)
 
 
+def test_bench_help_matches_its_golden_file(capsys):
+    from toolkit.cli.main import run_bench
+
+    assert run_bench(["--help"]) == 0
+    check_golden("bench_help.txt", capsys.readouterr().out)
+
+
+def test_bench_help_lists_every_benchmark_module():
+    """Every `python -m toolkit.bench.X` (a module with a main) is a `toolkit bench` name."""
+    from toolkit.cli.main import BENCHES
+
+    listed = {module for module, _ in BENCHES.values()}
+    root = REPO / "toolkit" / "bench"
+    modules = {
+        "toolkit." + ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for path in root.rglob("*.py")
+        if "\ndef main(" in path.read_text()
+    }
+    assert modules and modules <= listed, sorted(modules - listed)
+
+
 def test_help_names_every_group_and_option(tmp_path, no_site_dirs):
     from toolkit.config.help import launch_help
     from toolkit.config.sources import search_dirs
@@ -100,3 +121,4 @@ def test_info_shell_completion_and_hydra_help(tmp_path):
 
 def test_golden_files_exist():
     assert Path(GOLDEN / "launch_help.txt").is_file()
+    assert Path(GOLDEN / "bench_help.txt").is_file()

@@ -16,7 +16,7 @@ from tests.cli.conftest import toolkit
         (["launch", "--help"], "Config groups"),
         (["report", "--help"], "report"),
         (["watch", "--help"], "--once"),
-        (["bench", "--help"], "overhead"),
+        (["bench", "--help"], "ab "),
         (["bench", "train", "--help"], "usage:"),
         (["perfmodel", "--help"], "--world"),
         (["export", "--help"], "--format"),

@@ -102,3 +102,8 @@ def test_cfg_job_prints_the_resolved_config() -> None:
     assert (
         "steps: 7" in result.stdout and "dim: 768" in result.stdout and "hydra" not in result.stdout
     )
+
+
+def test_rollback_without_checkpoints_warns_that_it_would_stop() -> None:
+    with pytest.warns(UserWarning, match="nothing to roll back to"):
+        validate(job("trainer.on_nonfinite=rollback"))

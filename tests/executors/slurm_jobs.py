@@ -1,6 +1,6 @@
 """What the Slurm job tests share (test_node_exclusion.py, test_preemption.py): the job they
-run, the node-failure benchmark's (toolkit.bench.node_failure: one list, not a copy), and
-reading and waiting on its run directory."""
+run (the one the node-failure figures of docs/BENCHMARKS.md were measured with), and reading
+and waiting on its run directory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from toolkit.bench.node_failure import HOLD_AT_STEP_10, JOB, STEPS, TWO_NODES
+# The job (the tiny model, 40 steps, a checkpoint every 5).
+STEPS = 40
+JOB = [
+    "model=gpt_tiny",
+    "data=text",
+    "data.seq_len=32",
+    f"trainer.steps={STEPS}",
+    "trainer.global_batch_size=8",
+    "trainer.eval_batches=1",
+    "trainer.progress=false",
+    "checkpoint.enabled=true",
+    "checkpoint.interval_steps=5",
+]
+TWO_NODES = ["cluster=slurm", "cluster.nodes=2", "cluster.time=00:10:00"]
+# The step-10 save's writer sleeps 5 s per file: the job holds at step 15 with step 5
+# committed, long enough to take n2 away mid-run (losses are unaffected).
+HOLD_AT_STEP_10 = ["fault.save_stall_step=10", "fault.save_stall_s=5"]
 
 __all__ = ["HOLD_AT_STEP_10", "JOB", "STEPS", "TWO_NODES", "events", "losses", "wait_for"]
 

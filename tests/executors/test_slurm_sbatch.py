@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from toolkit.config.cluster import ClusterConfig, parse_sbatch_extra, slurm_problems
-from toolkit.executors.slurm_jobs import JobState, _task_ids, failed_task
+from toolkit.executors.slurm_jobs import failed_task
 from toolkit.executors.slurm_sbatch import parameters, plan
+from toolkit.slurm_cli import JobState, _task_ids
 
 REPO = Path("/repo")
 

@@ -150,11 +150,20 @@ def test_bench_cases_agree_at_test_size(case):
 
 
 def test_the_memory_benchmark_sees_the_logits_go():
-    """toolkit.bench.liger_memory's measurement, on a head whose logits outweigh its weight
+    """toolkit.bench.kernels' measurement (saved for backward, largest tensor), on a head whose logits outweigh its weight
     (64 tokens x dim 16 x vocab 1024, float32): the reference keeps the float32 log-softmax
     [tokens, vocab] for backward; the fused kernel keeps the gradients of hidden and weight,
     and the largest tensor it ever makes is the weight gradient's float32 accumulator."""
-    from toolkit.bench.liger_memory import fresh, measure
+    from toolkit.bench import kernel_measure as km
+
+    def measure(fn, inputs):
+        return {
+            "saved_bytes": km.saved_bytes(fn, inputs),
+            "largest_bytes": km.largest_bytes(fn, inputs),
+        }
+
+    def fresh(inputs):
+        return tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in inputs)
 
     tokens, dim, vocab = 64, 16, 1024
     g = torch.Generator().manual_seed(0)

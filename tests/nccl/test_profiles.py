@@ -2,8 +2,9 @@
 
 import pytest
 
-from toolkit.config.compose import compose_raw, conf_dir, group_options, to_job
+from toolkit.config.compose import compose_raw, group_options, to_job
 from toolkit.config.nccl import NcclConfig
+from toolkit.config.sources import package_conf_dir
 from toolkit.nccl.detect import FABRIC_TUNING
 
 
@@ -24,7 +25,7 @@ def test_profile_composes_and_names_itself(profile):
 
 @pytest.mark.parametrize("profile", NcclConfig.PROFILES)
 def test_every_variable_a_profile_sets_has_a_comment_above_it(profile):
-    lines = (conf_dir() / "nccl" / f"{profile}.yaml").read_text().splitlines()
+    lines = (package_conf_dir() / "nccl" / f"{profile}.yaml").read_text().splitlines()
     for i, line in enumerate(lines):
         if line.startswith("  NCCL_"):
             assert lines[i - 1].lstrip().startswith("#"), (

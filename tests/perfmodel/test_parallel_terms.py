@@ -48,9 +48,13 @@ def test_tp_gemms_shrink_their_n_or_k_and_halve_the_flops():
         ("fc", 1024, 128, 64),
         ("mlp_proj", 1024, 64, 128),
     ]
-    # at peak (no shape table) the GEMM time is FLOPs / peak: 704643072 / 2 FLOPs per rank
-    assert kernels.gemm_time(TINY, 1024, 256, "float32", PEAK, False, tp=2) == pytest.approx(
-        704643072 / 2 / 1e11
+    # at peak (no shape table) the GEMM time is FLOPs / peak: half of one rank's per rank
+    # (a block 3 * 98304 FLOPs per token forward + backward, the head 3 * 32768)
+    assert kernels.block_gemm_s(TINY, 1024, "float32", PEAK, False, tp=2) == pytest.approx(
+        3 * 98304 * 1024 / 2 / 1e11
+    )
+    assert kernels.head_gemm_s(TINY, 1024, 256, "float32", PEAK, tp=2) == pytest.approx(
+        3 * 32768 * 1024 / 2 / 1e11
     )
 
 

@@ -88,7 +88,7 @@ def test_every_number_must_be_positive():
 def test_attention_is_measured_at_each_head_dim_the_presets_use():
     import torch
 
-    from toolkit.bench.kernel_rates import attention_rates
+    from toolkit.measure.kernel_rates import attention_rates
 
     rates = attention_rates(torch.device("cpu"), ["float32"], (16,), (16, 32))
     assert [(s, h, d) for s, h, d, _ in rates] == [(16, 16, "float32"), (16, 32, "float32")]
@@ -98,7 +98,7 @@ def test_attention_is_measured_at_each_head_dim_the_presets_use():
 
 
 def test_the_gemms_of_a_preset_are_its_layers_forward_and_backward_shapes():
-    from toolkit.bench.kernel_rates import model_gemm_shapes
+    from toolkit.measure.kernel_rates import model_gemm_shapes
 
     shapes = model_gemm_shapes("gpt_tiny:64")  # dim 64, mlp 256, vocabulary 256, 64 tokens
     # qkv forward (64 tokens, 3*64 out, 64 in) and its two backward GEMMs: dx, dW
@@ -108,7 +108,7 @@ def test_the_gemms_of_a_preset_are_its_layers_forward_and_backward_shapes():
 
 
 def test_a_bad_preset_for_gemms_of_is_one_line(tmp_path, capsys):
-    from toolkit.bench.hardware import main
+    from toolkit.measure.hardware import main
 
     assert main(["--dir", str(tmp_path), "--gemms-of", "gpt_nope:64"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -124,8 +124,8 @@ def test_a_profile_records_its_speed_probe_and_the_presets_have_none(tmp_path):
 def test_the_speed_probe_times_one_thread_and_leaves_the_thread_count_alone():
     import torch
 
-    from toolkit.bench.kernel_rates import speed_probe
-    from toolkit.bench.model_check import probe_ratio
+    from toolkit.measure.kernel_rates import speed_probe
+    from toolkit.measure.model_check import probe_ratio
 
     threads = torch.get_num_threads()
     assert speed_probe(torch.device("cpu")) > 0

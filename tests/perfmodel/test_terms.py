@@ -28,15 +28,17 @@ def test_matmul_fraction_is_the_nearest_measured_shape_in_log_space():
 
 
 def test_gemm_time_counts_forward_backward_and_recompute():
-    # forward GEMM FLOPs per token: blocks 2 * (4*64^2 + 2*64*256) = 2 * 49152 per layer,
-    # 2 layers = 196608, head 2 * 64*256 = 32768 -> 229376; backward twice that: x3
-    # 1024 tokens: 3 * 229376 * 1024 = 704643072 FLOPs at 1e11 FLOP/s
-    assert kernels.gemm_time(TINY, 1024, 256, "float32", PEAK, False) == pytest.approx(
-        704643072 / 1e11
+    # forward GEMM FLOPs per token: a block 2 * (4*64^2 + 2*64*256) = 98304, the head
+    # 2 * 64*256 = 32768; backward twice the forward: x3. 1024 tokens at 1e11 FLOP/s
+    assert kernels.block_gemm_s(TINY, 1024, "float32", PEAK, False) == pytest.approx(
+        3 * 98304 * 1024 / 1e11
     )
-    # checkpointing adds the blocks' forward (not the head's): 196608 * 1024
-    assert kernels.gemm_time(TINY, 1024, 256, "float32", PEAK, True) == pytest.approx(
-        (704643072 + 196608 * 1024) / 1e11
+    assert kernels.head_gemm_s(TINY, 1024, 256, "float32", PEAK) == pytest.approx(
+        3 * 32768 * 1024 / 1e11
+    )
+    # checkpointing adds the block's forward (the head is never recomputed)
+    assert kernels.block_gemm_s(TINY, 1024, "float32", PEAK, True) == pytest.approx(
+        4 * 98304 * 1024 / 1e11
     )
 
 
@@ -49,9 +51,11 @@ def test_non_gemm_kernels_are_charged_by_bytes():
     assert kernels.cross_entropy_bytes_per_logit(4) == 20  # log_softmax 8 + backward 12
     assert kernels.cross_entropy_bytes_per_logit(2) == 32  # + casts 2*(2+4)
     # unit = 1024 tokens * 64 * 4 B = 262144; a block moves 20 units forward, 40 backward:
-    # 2 blocks * 60 = 120 units = 31457280; embedding 7 units + 2*256*64*4 = 1966080;
-    # final norm 6 units = 1572864; loss 1024*256*20 = 5242880
-    assert kernels.elementwise_bytes(TINY, 1024, 256, 4, False) == 40239104
+    # 60 units = 15728640; embedding 7 units + 2*256*64*4 = 1966080;
+    # final norm 6 units = 1572864 and the loss 1024*256*20 = 5242880
+    assert kernels.block_elementwise_bytes(TINY, 1024, 4, False) == 15728640
+    assert kernels.embedding_elementwise_bytes(TINY, 1024, 256, 4) == 1966080
+    assert kernels.head_elementwise_bytes(TINY, 1024, 256, 4) == 1572864 + 5242880
 
 
 def test_optimizer_traffic_is_what_foreach_adamw_and_clipping_move():

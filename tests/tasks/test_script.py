@@ -121,6 +121,28 @@ def test_a_hung_rank_is_named_dumped_and_exits_79(tmp_path):
     assert 'ddp_train.py", line' in stacks  # the script's own frame, where it blocks
 
 
+@pytest.mark.slow
+def test_a_rank_that_exits_0_while_another_hangs_is_a_hang_naming_the_hung_rank(tmp_path):
+    """Rank 1 leaves at once with exit 0; rank 0 blocks forever. Not a success: the watchdog
+    names rank 0 alone (rank 1 ended: no stacks to take) and the launch exits 79."""
+    t0 = time.time()
+    r = run_script(
+        tmp_path,
+        DDP,
+        "[--exit-rank,1,--hang-rank,0,--hang-at,0]",
+        "fault.hang_timeout_s=6",
+        "fault.hang_startup_timeout_s=60",
+    )
+    assert r.returncode == EXIT_HANG, r.stderr[-2000:]
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("hang: rank 0 on node "), line
+    assert "rank 1 leaves early" in (tmp_path / "run" / "logs" / "rank1.out").read_text()
+    (hang,) = (tmp_path / "run" / "hangs").glob("2*")
+    assert 'ddp_train.py", line' in (hang / "stacks-rank0.txt").read_text()
+    assert not (hang / "stacks-rank1.txt").exists()
+    assert time.time() - t0 < 90
+
+
 @pytest.mark.parametrize(
     ("overrides", "said"),
     [

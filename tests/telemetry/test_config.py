@@ -41,3 +41,12 @@ def test_values_below_their_minimum_are_named_with_the_minimum():
         "telemetry.max_pending=-1: must be >= 0",
         "telemetry.close_timeout_s=-0.5: must be >= 0",
     ]
+
+
+def test_what_a_lost_agent_does_is_one_of_continue_or_stop():
+    assert TelemetryConfig().on_agent_lost == "continue"
+    with pytest.raises(ConfigError) as info:
+        to_job(compose_raw(["telemetry.on_agent_lost=restart"]))
+    assert info.value.problems == [
+        "telemetry.on_agent_lost=restart: unknown; allowed: continue, stop"
+    ]

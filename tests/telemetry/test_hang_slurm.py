@@ -1,6 +1,7 @@
 """The hang watchdog across two nodes of the real dev cluster: the agents of both nodes meet
 in RUN_DIR/hangs/, every rank's stacks are dumped, the summary names the rank and node that
-did not reach the collective, and the launcher exits 79 with the one line."""
+did not reach the collective, and the launcher exits 79 with the one line; the job is not
+requeued, so its after-hang action sends the hang to the run's trackers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 import pytest
 
 from tests.executors.test_slurm_executor import TINY, launch
+from tests.tracking.test_hang_event import hang_texts
 from toolkit.errors import EXIT_HANG
 from toolkit.fault.hang import read_hang_summary
 
@@ -28,6 +30,7 @@ def test_a_hung_rank_on_the_second_node_is_named_and_the_job_ends_79(slurm_clust
         "checkpoint.enabled=false",  # nothing to resume from: no requeue
         "cluster=slurm",
         "cluster.nodes=2",
+        "tracking=tensorboard",
         f"hydra.run.dir={tmp_path}",
         timeout_s=300,
     )
@@ -46,3 +49,9 @@ def test_a_hung_rank_on_the_second_node_is_named_and_the_job_ends_79(slurm_clust
         assert "in train_step" in (hang / f"stacks-rank{rank}.txt").read_text()
     assert proc.stderr.strip().splitlines()[-1] == summary["message"]
     assert summary["message"].startswith(f"hang: rank 1 on node {host_of_1} stuck in all_reduce #")
+    (sent,) = hang_texts(tmp_path)  # no next attempt: the after-hang action sent it
+    assert (sent["dump"], sent["stuck_ranks"], sent["action"]) == (
+        str(hang),
+        "1",
+        summary["action"],
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from toolkit.config.telemetry import TelemetryConfig
 from toolkit.executors.after_hang import after_hang
+from toolkit.executors.requeue import RequeuePolicy
 from toolkit.fault.hang import read_hang_summary
 from toolkit.telemetry.heartbeat import heartbeat_path
 from toolkit.telemetry.spec import AgentSpec, WatchdogSpec
@@ -137,15 +138,16 @@ def test_two_nodes_agree_on_one_hang_and_name_the_rank_on_the_other_node(tmp_pat
 
 def test_after_hang_requeues_only_a_slurm_job_with_restarts_left(tmp_path, monkeypatch) -> None:
     summary: dict = {}
-    assert after_hang(
-        tmp_path, summary, slurm_job_id=None, requeue_enabled=True, max_restarts=3
-    ).startswith("ended (not a Slurm job")
-    assert after_hang(
-        tmp_path, summary, slurm_job_id="12", requeue_enabled=False, max_restarts=3
-    ).startswith("ended (checkpoint.requeue=false")
+    allowed, refused = RequeuePolicy(True, max_restarts=3), RequeuePolicy(False, max_restarts=3)
+    assert after_hang(tmp_path, summary, slurm_job_id=None, policy=allowed).startswith(
+        "ended (not a Slurm job"
+    )
+    assert after_hang(tmp_path, summary, slurm_job_id="12", policy=refused).startswith(
+        "ended (checkpoint.requeue=false"
+    )
     monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
     assert (
-        after_hang(tmp_path, summary, slurm_job_id="12", requeue_enabled=True, max_restarts=3)
+        after_hang(tmp_path, summary, slurm_job_id="12", policy=allowed)
         == "ended: restarted 3 times (checkpoint.max_restarts=3)"
     )
 

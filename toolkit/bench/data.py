@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "results": results,
     }
-    from toolkit.bench.results import print_json
+    from toolkit.measure.results import print_json
 
     print_json(out, args.json)
     return 0

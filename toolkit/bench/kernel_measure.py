@@ -2,8 +2,12 @@
 backward (what `python -m toolkit.bench.kernels` reports for each variant of a KernelCase).
 
 * Saved bytes: torch.autograd.graph.saved_tensors_hooks sees every tensor autograd keeps for
-  backward, on any device and through torch.compile's graphs; the unique storages are
-  summed, the inputs' own storages left out (they are alive anyway). Exact.
+  backward, on any device (the meta device too: sizes only) and through torch.compile's
+  graphs; the unique storages are summed, the inputs' own storages left out (they are alive
+  anyway). Exact.
+* Largest bytes: the largest tensor any op returns in the forward (a dispatch mode sees every
+  allocation; Triton writes into tensors allocated that way): whether, say, the logits
+  [tokens, vocab] are ever built whole.
 * Peak bytes: on CUDA, torch.cuda.max_memory_allocated above what was allocated before the
   call. On CPU, torch.profiler(profile_memory=True) records every allocation and free of
   torch's CPU allocator; the peak is the running sum's maximum from the start of the call.
@@ -47,13 +51,14 @@ def synchronize(device: torch.device) -> None:
 def saved_bytes(fn: Callable[..., torch.Tensor], inputs: Sequence[Any]) -> int:
     """Bytes of the unique storages autograd saves for backward in one forward, the inputs'
     storages excluded."""
-    own = {t.untyped_storage().data_ptr() for t in tensors_of(inputs)}
+    # A storage's identity (not its data pointer: on the meta device every pointer is 0).
+    own = {t.untyped_storage()._cdata for t in tensors_of(inputs)}
     seen: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        if storage.data_ptr() not in own:
-            seen[storage.data_ptr()] = storage.nbytes()
+        if storage._cdata not in own:
+            seen[storage._cdata] = storage.nbytes()
         return t
 
     for t in tensors_of(inputs):
@@ -62,6 +67,25 @@ def saved_bytes(fn: Callable[..., torch.Tensor], inputs: Sequence[Any]) -> int:
         out = fn(*inputs)
     del out
     return sum(seen.values())
+
+
+def largest_bytes(fn: Callable[..., torch.Tensor], inputs: Sequence[Any]) -> int:
+    """Bytes of the largest tensor any op returns during one forward of fn(*inputs)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.largest = max(self.largest, t.numel() * t.element_size())
+            return out
+
+    with Largest() as mode:
+        fn(*inputs)
+    return mode.largest
 
 
 def cpu_peak_bytes(run: Callable[[], Any]) -> int:

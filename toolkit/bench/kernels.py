@@ -9,10 +9,15 @@ For every case (toolkit.kernels.cases.KernelCase) of every importable module of 
 * `kernel`: the fused kernel (Liger's or ours).
 
 Each is measured for one forward + backward (out.float().sum().backward()): the peak bytes
-allocated and the bytes saved for backward (toolkit.bench.kernel_measure says how, per
-device), the largest forward difference from the reference and, on a GPU (or with --time),
+allocated, the bytes saved for backward and the largest tensor made in the forward
+(toolkit.bench.kernel_measure says how, per device), the largest forward difference from the
+reference and, on a GPU (or with --time),
 the median time per call over --reps interleaved repetitions. Interpreted Triton on a CPU
 (TRITON_INTERPRET=1) is a correctness tool, not a speed: times are off on CPU unless --time.
+
+`--device meta` counts only the bytes saved for backward, at any size in no time (exact: the
+shapes decide them), for the eager reference and the fused op's meta entry
+(`KernelCase.meta_kernel`; a case without one: the eager row only).
 
 One markdown table is printed and OUT/kernels.json written (machine, load, command, rows).
 """
@@ -44,7 +49,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--dtype", default="", help="float32 | bfloat16 | float16 (default: bf16 on GPU)"
     )
-    p.add_argument("--device", default="", help="cuda | cpu (default: cuda when available)")
+    p.add_argument("--device", default="", help="cuda | cpu | meta (default: cuda if any)")
     p.add_argument("--time", action="store_true", help="time on CPU too (not a speed measure)")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per variant")
     p.add_argument("--compile-backend", default="inductor", help="torch.compile backend")
@@ -61,8 +66,8 @@ def check_args(args: argparse.Namespace) -> list[str]:
         problems.append(f"--size={args.size}: allowed: {', '.join(SIZES)}")
     if args.dtype and args.dtype not in DTYPES:
         problems.append(f"--dtype={args.dtype}: allowed: {', '.join(DTYPES)}")
-    if args.device and args.device not in ("cuda", "cpu"):
-        problems.append(f"--device={args.device}: allowed: cuda, cpu")
+    if args.device and args.device not in ("cuda", "cpu", "meta"):
+        problems.append(f"--device={args.device}: allowed: cuda, cpu, meta")
     if args.reps < 1:
         problems.append(f"--reps={args.reps}: must be >= 1")
     return problems
@@ -100,6 +105,20 @@ def measure_case(case: Any, args: argparse.Namespace, device: Any, dtype: Any) -
         return [
             {"case": case.name, "shape": case.shape, "variant": v, "error": error} for v in VARIANTS
         ]
+    if device.type == "meta":  # sizes only: what the forward keeps for backward
+        fns = {"eager": case.reference, "kernel": case.meta_kernel}
+        rows = [
+            {
+                "case": case.name,
+                "shape": case.shape,
+                "variant": n,
+                "saved_bytes": km.saved_bytes(f, inputs),
+            }
+            for n, f in fns.items()
+            if f is not None
+        ]
+        add_ratios(rows)
+        return rows
     fns = {
         "eager": case.reference,
         "compiled": torch.compile(case.reference, backend=args.compile_backend),
@@ -113,6 +132,7 @@ def measure_case(case: Any, args: argparse.Namespace, device: Any, dtype: Any) -
             km.call(fn, inputs, case.backward)  # compiles / autotunes outside the measures
             row["peak_bytes"] = km.peak_bytes(fn, inputs, case.backward, device)
             row["saved_bytes"] = km.saved_bytes(fn, inputs) if case.backward else 0
+            row["largest_bytes"] = km.largest_bytes(fn, inputs)
             row["max_abs_diff"] = km.max_abs_difference(fn, case.reference, inputs)
             working[name] = fn
         except Exception as exc:  # noqa: BLE001 - one failing variant must not hide the others
@@ -158,17 +178,18 @@ def fmt(row: dict[str, Any], key: str) -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| case | shape (bench size) | variant | time/call (vs eager) | peak (vs eager) "
-        "| saved for backward (vs eager) | max abs diff vs reference |",
-        "|---|---|---|---|---|---|---|",
+        "| saved for backward (vs eager) | largest tensor | max abs diff vs reference |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['case']} | {r['shape']} | {r['variant']} | {r['error']} |||")
+            lines.append(f"| {r['case']} | {r['shape']} | {r['variant']} | {r['error']} ||||")
             continue
+        diff = f"{r['max_abs_diff']:.3g}" if "max_abs_diff" in r else "—"  # none on meta
         lines.append(
             f"| {r['case']} | {r['shape']} | {r['variant']} "
             f"| {fmt(r, 'time_s_median')} | {fmt(r, 'peak_bytes')} "
-            f"| {fmt(r, 'saved_bytes')} | {r['max_abs_diff']:.3g} |"
+            f"| {fmt(r, 'saved_bytes')} | {fmt(r, 'largest_bytes')} | {diff} |"
         )
     return "\n".join(lines)
 
@@ -200,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cpu":
+    if device.type != "cuda":
         # Triton kernels run on CPU only interpreted; Triton reads this at its first import.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))

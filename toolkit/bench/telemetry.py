@@ -1,9 +1,5 @@
-"""Telemetry benchmarks (scripts, not timed tests); figures go to docs/BENCHMARKS.md.
+"""Telemetry benchmarks (step time with telemetry on/off: `python -m toolkit.bench.ab telemetry`) (scripts, not timed tests); figures go to docs/BENCHMARKS.md.
 
-python -m toolkit.bench.telemetry overhead [--reps 5 --steps 60]
-    step time of real local runs (model=gpt_tiny, 2 ranks) with telemetry off, on at 1 s
-    and on at 0.1 s, interleaved A/B/C per repetition; median of the per-run median step
-    times and the median of the per-repetition ratios on/off.
 python -m toolkit.bench.telemetry size [--minutes 60]
     bytes per node-hour at 1 s: a synthetic node (8 GPUs, all NVML columns, 4 IB ports,
     8 ranks at 2 steps/s) written by the real writer, and the measured growth of the
@@ -19,71 +15,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-VARIANTS = {
-    "off": ["telemetry=off"],
-    "on_1s": ["telemetry.interval_s=1.0"],
-    "on_0.1s": ["telemetry.interval_s=0.1"],
-}
-
-
-def run_training(run_dir: Path, steps: int, extra: list[str]) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [
-        sys.executable,
-        "-m",
-        "toolkit.launch",
-        "model=gpt_tiny",
-        f"trainer.steps={steps}",
-        "trainer.progress=false",
-        "trainer.eval_batches=0",
-        f"hydra.run.dir={run_dir}",
-        *extra,
-    ]
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, capture_output=True, timeout=900)
-    return json.loads((run_dir / "summary.json").read_text())
-
-
-def summary_median(run_dir: Path, summary: dict) -> float:
-    return summary["median_step_time_s"]
-
-
-def overhead(
-    reps: int,
-    steps: int,
-    variants: dict[str, list[str]] = VARIANTS,
-    measure: Callable[[Path, dict], float] = summary_median,
-) -> dict:
-    """Interleaved runs of each variant (the first is the baseline), order reversed every
-    other repetition; medians of the per-run step times (`measure`: by default the
-    summary's median step time), ratios to the baseline."""
-    baseline = next(iter(variants))
-    medians: dict[str, list[float]] = {k: [] for k in variants}
-    with tempfile.TemporaryDirectory() as tmp:
-        for rep in range(reps):
-            order = list(variants) if rep % 2 == 0 else list(reversed(variants))
-            for name in order:
-                run_dir = Path(tmp) / f"{name}-{rep}"
-                summary = run_training(run_dir, steps, variants[name])
-                medians[name].append(measure(run_dir, summary))
-                print(
-                    f"rep {rep} {name:8s} median step {1000 * medians[name][-1]:.2f} ms", flush=True
-                )
-    out = {"reps": reps, "steps": steps, "median_step_s": {}, f"ratio_vs_{baseline}": {}}
-    for name, values in medians.items():
-        out["median_step_s"][name] = statistics.median(values)
-        if name != baseline:
-            ratios = [v / o for v, o in zip(values, medians[baseline], strict=True)]
-            out[f"ratio_vs_{baseline}"][name] = {"median": statistics.median(ratios), "all": ratios}
-    out["per_run_s"] = medians
-    return out
+from toolkit.bench.ab import QUIET, TINY, launch_run
 
 
 def size(minutes: float) -> dict:
@@ -106,7 +43,8 @@ def size(minutes: float) -> dict:
         out["synthetic_bytes_per_node_hour"] = nbytes * 60 / minutes
         out["synthetic_minutes"] = minutes
         run_dir = Path(tmp) / "real"
-        run_training(run_dir, 300, ["telemetry.interval_s=1.0"])
+        run = [*TINY, *QUIET, "trainer.steps=300", "telemetry.interval_s=1.0"]
+        launch_run(run, 0, run_dir)
         (path,) = node_files(run_dir)
         node = load_node(path)
         span = float(node.host["time"][-1] - node.host["time"][0])
@@ -226,27 +164,22 @@ def report_speed(reps: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.bench.telemetry")
     sub = parser.add_subparsers(dest="what", required=True)
-    o = sub.add_parser("overhead")
-    o.add_argument("--reps", type=int, default=5)
-    o.add_argument("--steps", type=int, default=60)
     s = sub.add_parser("size")
     s.add_argument("--minutes", type=float, default=60.0)
     r = sub.add_parser("report")
     r.add_argument("--reps", type=int, default=3)
     c = sub.add_parser("costs")
     c.add_argument("--seconds", type=float, default=30.0)
-    for p in (o, s, r, c):
+    for p in (s, r, c):
         p.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.what == "overhead":
-        result = overhead(args.reps, args.steps)
-    elif args.what == "size":
+    if args.what == "size":
         result = size(args.minutes)
     elif args.what == "costs":
         result = costs(args.seconds)
     else:
         result = report_speed(args.reps)
-    from toolkit.bench.results import print_json
+    from toolkit.measure.results import print_json
 
     print_json(result, args.json)
     return 0

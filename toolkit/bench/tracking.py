@@ -1,11 +1,5 @@
-"""Experiment-tracker overhead (a script, not a timed test); figures go to docs/BENCHMARKS.md.
+"""Experiment-tracker costs (step time on/off: `python -m toolkit.bench.ab tracking`; a script, not a timed test); figures go to docs/BENCHMARKS.md.
 
-python -m toolkit.bench.tracking overhead [--reps 3 --steps 200]
-    step time of real local runs (model=gpt_tiny, 2 ranks, CPU) with tracking=none (the
-    baseline) and with all three trackers on (TensorBoard, MLflow to the run dir's SQLite
-    store, W&B offline), interleaved per repetition; per run the median step time of the
-    second half (the trackers' start overlaps the first steps; the whole run's median is
-    printed too), medians and per-repetition ratios.
 python -m toolkit.bench.tracking costs [--records 2000]
     what one write_step costs the training thread per tracker (median and p99, in
     microseconds), with the tracker's worker running, and the CPU the worker spends per
@@ -20,22 +14,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-from toolkit.bench.telemetry import overhead
-from toolkit.events import read_steps
-
-# The baseline first: the other variant's ratios are to it.
-VARIANTS = {
-    "none": ["telemetry=off", "tracking=none"],
-    "all": ["telemetry=off", "tracking=[tensorboard,mlflow,wandb]"],
-}
-
-
-def steady_median(run_dir: Path, summary: dict) -> float:
-    """Median step time of the second half of the run: after the trackers have started
-    (imports, MLflow's database, W&B's service), which overlaps the first steps."""
-    steps = read_steps(run_dir / "metrics" / "rank0.jsonl")
-    return statistics.median(s["step_time_s"] for s in steps[len(steps) // 2 :])
 
 
 def costs(records: int) -> dict:
@@ -89,26 +67,13 @@ def costs(records: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.bench.tracking")
     sub = parser.add_subparsers(dest="what", required=True)
-    o = sub.add_parser("overhead")
-    o.add_argument("--reps", type=int, default=3)
-    o.add_argument("--steps", type=int, default=200)
     c = sub.add_parser("costs")
     c.add_argument("--records", type=int, default=2000)
-    for p in (o, c):
+    for p in (c,):
         p.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    if args.what == "overhead":
-        whole: dict[str, float] = {}  # run dir -> the summary's median, of the same runs
-
-        def measure(run_dir: Path, summary: dict) -> float:
-            whole[run_dir.name] = summary["median_step_time_s"]
-            return steady_median(run_dir, summary)
-
-        result = overhead(args.reps, args.steps, VARIANTS, measure)
-        result["whole_run_median_step_s"] = whole
-    else:
-        result = costs(args.records)
-    from toolkit.bench.results import print_json
+    result = costs(args.records)
+    from toolkit.measure.results import print_json
 
     print_json(result, args.json)
     return 0

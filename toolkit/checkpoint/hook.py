@@ -22,7 +22,7 @@ from toolkit.checkpoint.discovery import committed_steps
 from toolkit.checkpoint.layout import CONFIG, checkpoints_dir
 from toolkit.checkpoint.loading import CheckpointMismatch
 from toolkit.checkpoint.manifest import CheckpointCorrupt, CheckpointTooNew
-from toolkit.checkpoint.resume import candidates, choose_together
+from toolkit.checkpoint.resume import candidates, choose_together, newest_first
 from toolkit.checkpoint.state import (
     ConfigRecord,
     changes_meaning,
@@ -170,12 +170,37 @@ class CheckpointHook(Hook):
         return None if path is None else str(path)
 
     def _resume(self, trainer: TrainerView, path: Path) -> None:
+        t0 = time.time()
         try:
-            self._load(trainer, path)
+            attrs = self._load(trainer, path)
         except UnsafeCheckpoint as exc:  # crafted or foreign: it names the file
             raise UserError(f"cannot resume: {exc}", EXIT_CHECKPOINT_UNUSABLE) from None
+        attrs["restart_count"] = restart_count()
+        self.sink.write_event(Event("restart", t0, time.time(), trainer.step, trainer.rank, attrs))
+        log.info("resumed from %s at step %d", path, trainer.step)
 
-    def _load(self, trainer: TrainerView, path: Path) -> None:
+    def restore_finite(self, trainer: TrainerView) -> str | None:
+        """Roll back (trainer.on_nonfinite=rollback): the save in flight commits first (it
+        holds a finite state: nothing non-finite is saved), then every rank loads the newest
+        committed checkpoint that verifies, through the resume path. None: none committed."""
+        if self.ckpt is None:
+            return None
+        self._report(trainer, self.ckpt.wait())
+        t0 = time.perf_counter()
+        listed: list[Any] = [None]
+        if trainer.rank == 0:
+            listed[0] = newest_first(self.storage, self.root, fallback=True)
+        dist.broadcast_object_list(listed, src=0)
+        path = choose_together(listed[0], self.cfg.verify, trainer.rank, trainer.world_size)
+        self._verify_s = time.perf_counter() - t0
+        if path is None:
+            return None
+        self._load(trainer, path)
+        return str(path)
+
+    def _load(self, trainer: TrainerView, path: Path) -> dict[str, Any]:
+        """Load `path` into the trainer (refused when it does not fit the model or changes
+        what is trained); what happened, as a restart event's attributes."""
         assert self.ckpt is not None
         t0 = time.time()
         try:
@@ -216,31 +241,20 @@ class CheckpointHook(Hook):
                 trainer.rank,
                 state["world_size"],
             )
-        self.sink.write_event(
-            Event(
-                "restart",
-                t0,
-                time.time(),
-                trainer.step,
-                trainer.rank,
-                {
-                    "checkpoint": str(path),
-                    "verify_s": self._verify_s,  # discovery + this rank's share of the checks
-                    "load_s": time.time() - t0,
-                    "restart_count": restart_count(),
-                    "saved_world_size": int(state["world_size"]),
-                    "world_size": trainer.world_size,
-                    "config_changed": diff,  # every change, each allowed (else refused)
-                    # checkpoint.allow_config_change, and the changes that needed it
-                    "config_change_allowed": self.cfg.allow_config_change,
-                    "changes_needing_permission": meaning,
-                    # in effect from this step: the schedule keeps only its position
-                    "schedule_changed": schedule,
-                    "global_batch_size": trainer.state_dict()["global_batch_size"],
-                },
-            )
-        )
-        log.info("resumed from %s at step %d", path, trainer.step)
+        return {
+            "checkpoint": str(path),
+            "verify_s": self._verify_s,  # discovery + this rank's share of the checks
+            "load_s": time.time() - t0,
+            "saved_world_size": int(state["world_size"]),
+            "world_size": trainer.world_size,
+            "config_changed": diff,  # every change, each allowed (else refused)
+            # checkpoint.allow_config_change, and the changes that needed it
+            "config_change_allowed": self.cfg.allow_config_change,
+            "changes_needing_permission": meaning,
+            # in effect from this step: the schedule keeps only its position
+            "schedule_changed": schedule,
+            "global_batch_size": trainer.state_dict()["global_batch_size"],
+        }
 
     def _config_changes(self, path: Path) -> list[str]:
         """'key: old -> new' for every key of the resolved config that differs from the

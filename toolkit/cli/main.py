@@ -16,19 +16,27 @@ from pathlib import Path
 
 # name -> (module with main(argv), what it does)
 BENCHES = {
-    "train": ("toolkit.bench.train", "step time, tokens/s, MFU, memory; predicted vs measured"),
+    "train": ("toolkit.measure.run", "step time, tokens/s, MFU, memory; predicted vs measured"),
+    "ab": (
+        "toolkit.bench.ab",
+        "A/B of override lists: overhead, watchdog, lowbit, pipeline, telemetry, profiling, "
+        "tracking, tradeoffs",
+    ),
     "collectives": ("toolkit.bench.collectives", "nccl-tests-style collective sweep"),
     "compare-collectives": ("toolkit.bench.compare_collectives", "rank a sweep's NCCL settings"),
     "collectives-baseline": ("toolkit.bench.collectives_baseline", "the collective baseline"),
-    "overhead": ("toolkit.bench.overhead", "toolkit step vs a bare FSDP2 loop"),
-    "checkpoint": ("toolkit.bench.checkpoint.__main__", "checkpoint save/load costs"),
-    "telemetry": ("toolkit.bench.telemetry", "telemetry overhead"),
-    "tracking": (
-        "toolkit.bench.tracking",
-        "experiment trackers: step time on/off, cost per record",
+    "checkpoint": ("toolkit.bench.checkpoint.__main__", "checkpoint stall and time to resume"),
+    "kernels": ("toolkit.bench.kernels", "fused kernels vs their reference: memory, time"),
+    "data": ("toolkit.bench.data", "loader samples/s by format and workers vs the need"),
+    "user-data": ("toolkit.bench.user_data", "the user-dataset loader vs a plain DataLoader"),
+    "grad-sync": ("toolkit.bench.grad_sync", "gradient sync per micro-step: peak memory"),
+    "script-launch": (
+        "toolkit.bench.script_launch",
+        "a user's script: launch-to-first-step vs torchrun, node agent on vs off",
     ),
-    "launch-latency": ("toolkit.bench.launch_latency", "time from launch to the first step"),
-    "gpu": ("toolkit.bench.gpu", "GPU validation: matmul, bandwidth, NCCL"),
+    "telemetry": ("toolkit.bench.telemetry", "telemetry size, agent costs, report speed"),
+    "tracking": ("toolkit.bench.tracking", "experiment trackers: cost per record"),
+    "gpu": ("toolkit.measure.gpu", "GPU validation: matmul, bandwidth, NCCL"),
 }
 
 DEV_CLUSTER = Path(__file__).resolve().parents[2] / "scripts" / "dev-cluster"

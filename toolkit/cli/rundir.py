@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
+from toolkit import slurm_cli
 from toolkit.errors import EXIT_PREEMPTED
 from toolkit.tracking.build import tracker_links
 
@@ -117,18 +117,7 @@ def _last_checkpoint(run_dir: Path) -> str | None:
 
 def slurm_state(job_id: str) -> str | None:
     """Slurm's state of a job (None when Slurm cannot be asked)."""
-    for cmd in (
-        ["squeue", "-h", "-j", job_id, "-o", "%T"],
-        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"],
-    ):
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        words = done.stdout.split()
-        if done.returncode == 0 and words:
-            return words[0]
-    return None
+    return slurm_cli.state_word(job_id)
 
 
 def _state(summary: dict | None, run_dir: Path, slurm: str | None, restarts: int) -> str:

@@ -4,11 +4,10 @@ every run under a directory."""
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 import sys
 from pathlib import Path
 
+from toolkit import slurm_cli
 from toolkit.cli.rundir import RunDirUnreadable, RunInfo, find_runs, is_run_dir, read_run
 
 
@@ -19,13 +18,11 @@ def _num(value: float | None, fmt: str) -> str:
 def run_dir_of_job(job_id: str) -> Path | None:
     """The run dir of a Slurm job: its stdout is RUN_DIR/slurm/<id>_<task>_log.out."""
     try:
-        done = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        records = slurm_cli.show_job(job_id, timeout_s=10)
+    except slurm_cli.SlurmCommandError:
         return None
-    m = re.search(r"StdOut=(\S+)", done.stdout)
-    return Path(m.group(1)).parent.parent if m else None
+    out = records[0].std_out if records else ""
+    return Path(out).parent.parent if out else None
 
 
 def format_status(info: RunInfo) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,3 @@ def read_h5(path: Path) -> tuple[list[Row], dict[str, Any]]:
                     values[field.name] = v.decode() if isinstance(v, bytes) else v.item()
                 rows.append(Row(**values))
     return rows, attrs
-
-
-def rows_as_dicts(rows: list[Row]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in rows]

@@ -9,7 +9,6 @@ import re
 import sys
 import typing
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from hydra import compose
@@ -31,11 +30,6 @@ from toolkit.config.job import (
 from toolkit.config.model import PluginModelConfig
 from toolkit.config.store import register_configs
 from toolkit.config.targets import TargetConfig, as_node, from_node, is_target_node
-
-
-def conf_dir() -> Path:
-    """The package's YAML tree: $TOOLKIT_CONF_DIR, else conf/ beside the toolkit package."""
-    return sources.package_conf_dir()
 
 
 def group_options(group: str, config_dirs: Sequence[str | os.PathLike] = ()) -> list[str]:

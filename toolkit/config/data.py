@@ -21,7 +21,8 @@ class DataConfig:
     seq_len: int = 128  # returns: the lookback window, in time steps
     val_fraction: float = 0.05
     cache_dir: str = "~/.cache/toolkit"
-    prefetch: int = 2  # batches prepared ahead (per worker with num_workers > 0)
+    prefetch: int = 2  # steps prepared ahead per worker (num_workers > 0)
+    # num_workers, pin_memory (below, with the returns settings) apply to every kind
     # --- returns only -----------------------------------------------------------------
     horizon: int = 1  # the target sums the target feature over this many steps ahead
     sample: str = "cross_section"  # cross_section (all instruments) | per_instrument
@@ -29,8 +30,8 @@ class DataConfig:
     target_feature: str = "ret"
     test_fraction: float = 0.0  # a held-out period after validation (never read in training)
     embargo: int | None = None  # time steps between periods; None: the horizon
-    num_workers: int = 2  # loader processes (0: in the training process)
-    pin_memory: bool = True  # page-locked batches and non-blocking copies (GPU only)
+    num_workers: int = 2  # loader processes, every kind (0: in the training process)
+    pin_memory: bool = True  # page-locked batches, non-blocking copies (GPU only; every kind)
     shuffle_chunks: int = 8  # samples shuffle within groups of this many chunks (0: global)
     cache_mib: int = 256  # each worker's cache of decoded chunks
     verify: bool = True  # scan every file for NaNs outside the mask before training starts
@@ -95,7 +96,9 @@ def problems(d: DataConfig | DatasetConfig, model: ModelConfig) -> list[str]:
             f"data.seq_len={d.seq_len}: above the model's maximum sequence length "
             f"(model.max_seq_len={limit}); use data.seq_len<={limit}"
         )
-    p += below_minimum("data", d, {"seq_len": 2})
+    p += below_minimum("data", d, {"seq_len": 2, "num_workers": 0, "prefetch": 0})
+    if d.num_workers > 0 and d.prefetch < 1:
+        p.append(f"data.prefetch={d.prefetch}: workers need >= 1 batch ahead; use data.prefetch>=1")
     if d.kind not in DataConfig.KINDS:
         p.append(f"data.kind={d.kind}: unknown; allowed: {', '.join(DataConfig.KINDS)}")
     can = supports(model)
@@ -123,8 +126,6 @@ def returns_problems(d: DataConfig, model: ModelConfig) -> list[str]:
         d,
         {
             "horizon": 1,
-            "num_workers": 0,
-            "prefetch": 0,
             "shuffle_chunks": 0,
             "cache_mib": 1,
             "synthetic_times": 64,
@@ -141,8 +142,6 @@ def returns_problems(d: DataConfig, model: ModelConfig) -> list[str]:
             f"data.embargo={d.embargo}: below data.horizon={d.horizon}, so a training target "
             f"could overlap the validation period; use data.embargo>={d.horizon} (or null)"
         )
-    if d.num_workers > 0 and d.prefetch < 1:
-        p.append(f"data.prefetch={d.prefetch}: workers need >= 1 batch ahead; use data.prefetch>=1")
     series = getattr(model, "num_series", None)  # a model sized by its inputs
     if d.path is None and not d.features and series is not None:  # the synthetic market
         n, f = d.synthetic_instruments, DataConfig.SYNTHETIC_FEATURES

@@ -1,6 +1,6 @@
 """What one device of the machine achieves: peaks, achievable fractions, links and latencies.
 
-A preset (conf/hardware/*.yaml) or a profile measured by `python -m toolkit.bench.hardware`
+A preset (conf/hardware/*.yaml) or a profile measured by `python -m toolkit.measure.hardware`
 fills it. The performance model never assumes a kernel runs at the peak: matmuls run at
 `peak_flops(dtype) * matmul_fraction(m, n, k, dtype)` (nearest measured shape), causal
 attention at the attention table's fraction, norms and activations at
@@ -62,7 +62,7 @@ class HardwareConfig:
     fsdp_collective_overhead_s: float = 1.0e-4
     # FSDP2's copy-in/copy-out (gather and reduce buffers, casts) run at memory_bandwidth x
     # this: 1 for a device copy kernel into the caching allocator's memory (GPU, assumed);
-    # toolkit.bench.hardware measures it (fully_shard on a 1-rank mesh minus without).
+    # toolkit.measure.hardware measures it (fully_shard on a 1-rank mesh minus without).
     fsdp_copy_fraction: float = 1.0
     # Fraction of the compute time behind which FSDP's collectives can hide: 1 with copy
     # engines and separate streams (GPU); 0 where gloo's threads take the same cores (CPU).
@@ -78,7 +78,7 @@ class HardwareConfig:
     # Relative uncertainty of a predicted step time on this hardware (0.3: the truth is
     # expected within step/1.3 .. step*1.3), stated by whoever wrote the numbers.
     uncertainty: float = 0.3
-    # Seconds of toolkit.bench.kernel_rates.speed_probe (one thread: a GEMM and a GELU
+    # Seconds of toolkit.measure.kernel_rates.speed_probe (one thread: a GEMM and a GELU
     # forward + backward) when the profile was measured; a benchmark that runs the probe
     # again says how much faster or slower the machine is now. 0: not measured (presets).
     probe_s: float = 0.0
@@ -157,7 +157,7 @@ def problems(hw: HardwareConfig) -> list[str]:
 
 
 def load_profile(path: Path) -> HardwareConfig:
-    """A hardware profile file (as written by `python -m toolkit.bench.hardware`): every field
+    """A hardware profile file (as written by `python -m toolkit.measure.hardware`): every field
     of the schema must be present; a missing or misspelled field is one ConfigError line."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException

@@ -63,7 +63,7 @@ def split_global_batch(global_batch: int, world: int, grad_accum: int) -> tuple[
 @dataclass(frozen=True)
 class BatchShape:
     """Where one rank's micro-batches sit in a step's global batch: the data loaders' plans
-    (toolkit.train.data.BatchPlan, toolkit.data.loader.SamplePlan) share it, so the trainer
+    (toolkit.data.tokens.BatchPlan, toolkit.data.loader.SamplePlan) share it, so the trainer
     can re-split either on resume."""
 
     seed: int

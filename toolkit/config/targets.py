@@ -27,9 +27,6 @@ from typing import Any, TypeVar
 from omegaconf import OmegaConf
 
 TARGET = "_target_"
-# Hydra's own instantiate keys: kept with the keyword arguments (hydra.utils.instantiate
-# reads them), never taken as the toolkit's settings.
-INSTANTIATE_KEYS = ("_target_", "_args_", "_partial_", "_convert_", "_recursive_")
 IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 

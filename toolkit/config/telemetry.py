@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from toolkit.config.errors import ConfigError, below_minimum
+from toolkit.config.errors import ConfigError, below_minimum, not_one_of
 
 COMPRESSIONS = ("gzip", "lzf", "none")
+AGENT_LOST_ACTIONS = ("continue", "stop")
 STRAGGLER_METRICS = (
     "step_time_s",
     "forward_backward_s",
@@ -53,6 +54,10 @@ class TelemetryConfig:
     # A node agent that dies (killed, out of memory) is started again, up to this many times
     # per rank: its records and its hang watchdog come back (0: warn and go on without them).
     agent_restarts: int = 3
+    # Once a node agent died and its restarts are used up (agent_restarts=0: at once):
+    # "continue" training without node telemetry and hang watchdog (an error in the log), or
+    # "stop" every rank after the next step, with the final checkpoint, one line and exit 81.
+    on_agent_lost: str = "continue"
 
     def __post_init__(self) -> None:
         # The agent builds one from its spec: a bad value must fail there too.
@@ -74,6 +79,7 @@ def problems(cfg: TelemetryConfig) -> list[str]:
         p.append(f"telemetry.compression_level={cfg.compression_level}: must be in 0..9")
     p += below_minimum("telemetry", cfg, {"chunk_rows": 16, "max_pending": 0, "close_timeout_s": 0})
     p += below_minimum("telemetry", cfg, {"agent_restarts": 0})
+    p += not_one_of("telemetry", cfg, {"on_agent_lost": AGENT_LOST_ACTIONS})
     p += below_minimum("telemetry", cfg, {"profile_every": 0, "profile_length": 1})
     steps = list(cfg.profile_steps)
     if steps and (len(steps) != 2 or steps[0] < 1 or steps[1] < steps[0]):

@@ -43,21 +43,23 @@ class TrainerConfig:
     reshard_between_micro_steps: bool = True
     # A step whose loss or grad norm is NaN/inf (any rank) is never applied to the weights and
     # never checkpointed. stop: end the run there (exit 80, one line naming the step);
-    # skip: leave the weights as they were and go on with the next batch.
+    # skip: leave the weights as they were and go on with the next batch; rollback: every
+    # rank restores the newest committed checkpoint and goes on after the bad step's batch
+    # (the steps since that checkpoint count as taken, their updates are discarded:
+    # toolkit.train.nonfinite). Stops as stop does with no checkpoint to restore.
     on_nonfinite: str = "stop"
+    # rollback: how many times one run (one attempt) may roll back; the next non-finite
+    # step stops it as stop does.
+    max_rollbacks: int = 3
 
 
-NONFINITE_ACTIONS = ("stop", "skip")
+NONFINITE_ACTIONS = ("stop", "skip", "rollback")
 
 
 def problems(t: TrainerConfig, world: int) -> list[str]:
     """Problems with the trainer group for a job of `world` ranks, one line each."""
-    p = below_minimum("trainer", t, {"steps": 1, "grad_accum": 1})
-    if t.on_nonfinite not in NONFINITE_ACTIONS:
-        p.append(
-            f"trainer.on_nonfinite={t.on_nonfinite}: use one of {', '.join(NONFINITE_ACTIONS)}"
-            + (" (rollback is not available yet)" if t.on_nonfinite == "rollback" else "")
-        )
+    p = below_minimum("trainer", t, {"steps": 1, "grad_accum": 1, "max_rollbacks": 0})
+    p += not_one_of("trainer", t, {"on_nonfinite": NONFINITE_ACTIONS})
     budget = t.time_budget_s
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         p.append(f"trainer.time_budget_s={budget}: must be a positive number of seconds (or null)")

@@ -74,6 +74,12 @@ def validate(job: JobConfig, runtime_checks: Sequence[RuntimeCheck] = ()) -> Non
         raise ConfigError(found)
     if job.cluster.kind == "local" and (job.cluster.partition or job.cluster.account):
         warnings.warn("cluster.partition/account are ignored by cluster=local", stacklevel=2)
+    if job.trainer.on_nonfinite == "rollback" and not job.checkpoint.enabled:
+        warnings.warn(
+            "trainer.on_nonfinite=rollback with checkpoint.enabled=false: there is nothing to "
+            "roll back to, a non-finite step stops the run as stop does; use checkpoint=periodic",
+            stacklevel=2,
+        )
     if (
         job.cluster.kind == "slurm"
         and job.task == "train"

@@ -3,11 +3,13 @@
 One module per job: `manifest` (the layout and its one-file description), `formats`
 (HDF5, Parquet, NumPy parts), `reader` (chunk-cached reads), `prepare` and `inspect` (the
 `python -m toolkit.data` commands), `synthetic` (a factor model for tests and benchmarks),
-`samples` (windows, leak-free time splits, normalisation), `loader` (multi-process batches
-under the training loop's Loader contract), `training` (what the launcher checks before
-any rank starts), `user` (your own torch Dataset under the same contract) and `windowed`
+`samples` (windows, leak-free time splits, normalisation), `loader` (the training loop's
+Loader contract, the DataLoader machinery behind it, and the market's batches), `tokens`
+(text and synthetic tokens under the same contract), `files` (the files training data
+needs, made once by the launcher), `training` (what the launcher checks before any rank
+starts), `user` (your own torch Dataset under the same contract) and `windowed`
 (pre-windowed samples as a Dataset). Nothing here imports torch at module level except
-`loader`, `user` and `windowed`; `toolkit.data.WindowedSamples` imports it when first named.
+`loader`, `tokens`, `user` and `windowed`; `toolkit.data.WindowedSamples` imports it when first named.
 """
 
 

@@ -1,15 +1,15 @@
-"""Multi-process batches of dataset samples under the training loop's Loader contract
-(toolkit.train.data: `next(loader)` -> (step, micro-batches), state_dict, .plan, close).
+"""The training loop's data contract (`Loader`), the torch DataLoader machinery every
+built-in and user dataset shares (`StepLoader`), and the market dataset's batches.
 
 Why torch's DataLoader workers and not a pool of our own: the batch of step s is a pure
-function of (seed, s) (toolkit.data.samples.SampleOrder), so a map-style dataset indexed by
-step gives in-order delivery, pinned-memory batches, worker start-up and error propagation
-for free, and workers hold no state worth saving: the position is the next step. Resuming
-(or resharding) rebuilds the DataLoader at that step.
+function of (seed, s) (toolkit.data.samples.SampleOrder, toolkit.data.tokens.BatchPlan), so
+a map-style dataset indexed by step gives in-order delivery, pinned-memory batches, worker
+start-up and error propagation for free, and workers hold no state worth saving: the
+position is the next step. Resuming (or resharding) rebuilds the DataLoader at that step.
 
 Rank r takes, for micro-step m, the slice [(m * world + r) * micro, +micro) of the step's
-global batch, as text data does: with a fixed global batch the samples a step sees do not
-depend on the world size, nor on the number of workers.
+global batch, as every loader does: with a fixed global batch the samples a step sees do
+not depend on the world size, nor on the number of workers.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import dataclasses
 import json
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -32,6 +32,40 @@ from toolkit.data.manifest import DataError
 from toolkit.data.reader import DatasetReader
 from toolkit.data.samples import Normalisation, Period, SampleOrder, SampleSpec, fit_normalisation
 from toolkit.data.training import Opened, open_dataset
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """What the Trainer calls of its data, whatever the dataset (text and synthetic tokens:
+    toolkit.data.tokens; the market: DatasetLoader below; your own: toolkit.data.user).
+
+    Data-wait accounting: the Trainer counts the wall time of `next(loader)` as the step's
+    `data_wait_s` (and as part of its step time), so `__next__` only hands over what was
+    prepared ahead (by DataLoader workers, or a stream's reader); a loader that computes a
+    step inside `__next__` (num_workers=0) shows that work as data wait, as it should."""
+
+    plan: BatchShape  # this rank's place in the global batch; replaced on a resharded resume
+
+    def __next__(self) -> tuple[int, list[Any]]:
+        """(step, this rank's micro-batches of that step), steps in order from the position."""
+        ...
+
+    def batch(self, step: int) -> list[Any]:
+        """Step `step`'s micro-batches, computed in this process (evaluation)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (JSON-able): `next_step`, the seed, and what else resuming needs."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go to a checkpoint's position (also `{"next_step": s}` alone); stops workers."""
+        ...
+
+    def close(self) -> None:
+        """Stop workers and threads; the loader may be iterated again afterwards."""
+        ...
+
 
 NEVER = 1 << 62  # the step sampler's end: training stops by step count, not by the sampler
 
@@ -280,4 +314,12 @@ def build_loaders(
     return loaders[0], loaders[1]
 
 
-__all__ = ["DataError", "DatasetLoader", "StepLoader", "SamplePlan", "Windows", "build_loaders"]
+__all__ = [
+    "DataError",
+    "DatasetLoader",
+    "Loader",
+    "StepLoader",
+    "SamplePlan",
+    "Windows",
+    "build_loaders",
+]

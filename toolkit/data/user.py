@@ -1,6 +1,6 @@
 """Your own torch Dataset (`data._target_`, toolkit.config.data.DatasetConfig) under the
-training loop's Loader contract (toolkit.train.data: `next(loader)` -> (step, micro-batches),
-state_dict / load_state_dict, batch(i), .plan, close).
+training loop's Loader contract (toolkit.data.loader.Loader: `next(loader)` -> (step,
+micro-batches), state_dict / load_state_dict, batch(i), .plan, close).
 
 A micro-batch is whatever the collate function returns (torch's default_collate unless
 `data.collate_fn` names one): a tensor, a tuple/list or a dict of tensors.

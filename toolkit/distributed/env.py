@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
+
+from toolkit import slurm_cli
 
 PORT_BASE = 20000
 PORT_SPAN = 20000
@@ -67,19 +67,9 @@ def port_from_job_id(job_id: str) -> int:
 def expand_nodelist(nodelist: str) -> list[str]:
     """Hostnames of a Slurm nodelist: `scontrol show hostnames` when available, else a
     parser for the common forms (n1,n2 / node[1-3,5] / a[01-02],b1)."""
-    if shutil.which("scontrol"):
-        try:
-            out = subprocess.run(
-                ["scontrol", "show", "hostnames", nodelist],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.split()
-            if out:
-                return out
-        except (subprocess.SubprocessError, OSError):
-            pass
+    out = slurm_cli.hostnames(nodelist)
+    if out:
+        return out
     hosts: list[str] = []
     for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
         if plain:

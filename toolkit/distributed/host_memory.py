@@ -26,7 +26,7 @@ M_MMAP_MAX = -4
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int: 2 GiB of free heap top before trimming
 USER_SETTINGS = (
     "MALLOC_MMAP_MAX_",
-    "MALLOC_MMAP_THRESHOLD_",  # toolkit.bench.train --exact-rss sets it
+    "MALLOC_MMAP_THRESHOLD_",  # toolkit.measure.run --exact-rss sets it
     "MALLOC_TRIM_THRESHOLD_",
     "GLIBC_TUNABLES",
 )

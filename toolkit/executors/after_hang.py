@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toolkit.distributed.env import restart_count
-from toolkit.executors.slurm_exclude import JobShape, requeue_with_exclusion
+from toolkit.executors.requeue import JobShape, RequeuePolicy
+from toolkit.executors.slurm_exclude import requeue_with_exclusion
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +32,20 @@ def after_hang(
     summary: dict[str, Any],
     *,
     slurm_job_id: str | None,
-    requeue_enabled: bool,
-    max_restarts: int,
-    shape: JobShape | None = None,
+    policy: RequeuePolicy,
 ) -> str:
-    """Act on a hang described by `summary` (toolkit.fault.hang, already on disk); returns
-    what was done, in a few words, for the summary's `action` and the log. `shape`: what the
-    exclusion decision needs of the job (None: a one-node job, no exclude list)."""
+    """Act on a hang described by `summary` (toolkit.fault.hang, already on disk) under the
+    job's requeue policy (its `requeue` is false when checkpointing is off too); returns
+    what was done, in a few words, for the summary's `action` and the log."""
     job_id = slurm_job_id
     if job_id is None:
         return "ended (not a Slurm job: nothing to requeue)"
-    if not requeue_enabled:
+    if not policy.requeue:
         return "ended (checkpoint.requeue=false or checkpointing off)"
-    restarts = restart_count()
-    if restarts >= max_restarts:
+    restarts, max_restarts = policy.restarts(), policy.max_restarts
+    if policy.exhausted(restarts):
         return f"ended: restarted {restarts} times (checkpoint.max_restarts={max_restarts})"
-    shape = shape or JobShape(nodes=1)
+    shape = policy.shape
     since = float(summary.get("time_unix") or 0.0) - 1.0  # this hang's summary, not older ones
     requeued, decision = requeue_with_exclusion(run_dir, job_id, restarts, shape, since=since)
     if not decision.schedulable:
@@ -74,16 +72,30 @@ def main() -> int:
         request.get("partition"),
         bool(request["exclude_nodes"]),
     )
+    policy = RequeuePolicy(bool(request["requeue"]), int(request["max_restarts"]), shape)
     action = after_hang(
         Path(request["run_dir"]),
         dict(request["summary"]),
         slurm_job_id=request.get("slurm_job_id"),
-        requeue_enabled=bool(request["requeue"]),
-        max_restarts=int(request["max_restarts"]),
-        shape=shape,
+        policy=policy,
     )
+    if action.startswith("ended"):  # no next attempt will send it to the trackers
+        send_to_trackers(Path(request["run_dir"]), action)
     print(json.dumps({"action": action}))
     return 0
+
+
+def send_to_trackers(run_dir: Path, action: str) -> None:
+    """The hang that ends the job, to the run's trackers (tracking=...), once; a failure is
+    logged, never in the way of ending the hung ranks."""
+    try:
+        from toolkit.config.compose import job_to_dict, load_job
+        from toolkit.tracking.build import send_final_hangs
+
+        job = load_job(run_dir / "config.yaml")
+        send_final_hangs(job.tracking, run_dir, job_to_dict(job), action)
+    except Exception:  # noqa: BLE001
+        log.exception("hang: not sent to the trackers")
 
 
 if __name__ == "__main__":

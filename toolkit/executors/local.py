@@ -7,10 +7,12 @@ Rank 0 writes to this terminal; every other rank to RUN_DIR/logs/rank<k>.{out,er
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +73,16 @@ def tail(path: Path, lines: int = 30) -> str:
         return ""
 
 
+def failed_at(logs: Path, rank: int) -> float:
+    """When the rank wrote its error; -inf when it wrote none (killed, or exited without a
+    Python error), so a rank that died outright counts as the first. A file left by an
+    earlier launch is older than any written in this one, so it sorts the same way."""
+    try:
+        return (logs / f"error-rank{rank}.txt").stat().st_mtime
+    except OSError:
+        return -math.inf
+
+
 def interrupted_line(run_dir: Path, cut_off: bool) -> str:
     """What an interrupted run left: whether a save was cut off, the newest commit."""
     from toolkit.checkpoint.layout import MANIFEST
@@ -81,6 +93,19 @@ def interrupted_line(run_dir: Path, cut_off: bool) -> str:
     newest = f"newest committed checkpoint {committed[-1]}" if committed else "no checkpoint"
     cut = "; ranks still running after launch.kill_grace_s were killed" if cut_off else ""
     return f"interrupted: all ranks stopped{cut}; {newest}; relaunch into {run_dir} to resume"
+
+
+def send_hangs_to_trackers(run: PreparedRun) -> None:
+    """The hang that ended this local run, to the run's trackers (tracking=...), once."""
+    if not run.job.tracking.backends:
+        return
+    from toolkit.config.compose import job_to_dict
+    from toolkit.tracking.build import send_final_hangs
+
+    try:
+        send_final_hangs(run.job.tracking, run.run_dir, job_to_dict(run.job))
+    except Exception as exc:  # noqa: BLE001 - the hang is said; the trackers are extra
+        print(f"tracking: the hang was not sent to the trackers: {exc}", file=sys.stderr)
 
 
 class LocalExecutor:
@@ -163,8 +188,12 @@ class LocalExecutor:
                     preexec_fn=end_with(os.getpid()),
                 )
             )
+        # Ctrl-C stops the ranks at their next step even where SIGINT came in ignored (a
+        # command started with `&` from a script): the ranks handle it themselves anyway.
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
         try:
-            code, failed = self._supervise(procs, job.launch.kill_grace_s)
+            code, failed = self._supervise(procs, job.launch.kill_grace_s, logs)
         except KeyboardInterrupt:
             print(
                 "interrupted: the ranks stop at their next step and checkpoint "
@@ -179,12 +208,15 @@ class LocalExecutor:
             print(interrupted_line(run.run_dir, cut_off), file=sys.stderr)
             return 130
         finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
             for f in files:
                 f.close()
         hangs = hang_summaries(run.run_dir, since_unix=started) if failed is not None else []
         if hangs:
             # The node agent's watchdog ended the ranks after dumping their stacks.
             print(hangs[-1][1]["message"], file=sys.stderr, flush=True)
+            send_hangs_to_trackers(run)  # no next attempt here to send it
             return EXIT_HANG
         if failed is not None and code in USER_ERROR_EXITS:
             # Rank 0 said it in one line (on this terminal when followed); nothing to add.
@@ -200,17 +232,20 @@ class LocalExecutor:
                 print(f"--- rank {failed} (tail) ---\n{report}", file=sys.stderr)
         return code
 
-    def _supervise(self, procs: list[subprocess.Popen], grace_s: float) -> tuple[int, int | None]:
+    def _supervise(
+        self, procs: list[subprocess.Popen], grace_s: float, logs: Path
+    ) -> tuple[int, int | None]:
         while True:
-            alive = False
-            for rank, p in enumerate(procs):
-                code = p.poll()
-                if code is None:
-                    alive = True
-                elif code != 0:
-                    self._terminate(procs, grace_s)
-                    return (code if code > 0 else 128 - code), rank
-            if not alive:
+            codes = [p.poll() for p in procs]
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
+                # Ranks that died between two polls: the first to fail is the cause (the
+                # others mostly report the broken collective), told by when each wrote its error.
+                rank = min(failed, key=lambda r: failed_at(logs, r))
+                code = codes[rank]
+                self._terminate(procs, grace_s)
+                return (code if code > 0 else 128 - code), rank
+            if None not in codes:
                 return 0, None
             time.sleep(POLL_S)
 

@@ -18,7 +18,8 @@ from toolkit.distributed.env import restart_count
 from toolkit.events import Event, Sink
 from toolkit.executors import badnodes
 from toolkit.executors.exclusion import hostnames
-from toolkit.executors.slurm_exclude import JobShape, plan
+from toolkit.executors.requeue import JobShape
+from toolkit.executors.slurm_exclude import plan
 from toolkit.hooks import Hook, TrainerView
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,6 @@ import fcntl
 import json
 import os
 import socket
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -137,11 +136,11 @@ def check_slurm(run_dir: Path, job_state: Callable[[str], str | None]) -> None:
 def slurm_state(job_id: str) -> str | None:
     """The job's Slurm state (e.g. PENDING, RUNNING), None when Slurm no longer knows it or
     is not installed here."""
-    from toolkit.executors.slurm_jobs import job_states
+    from toolkit import slurm_cli
 
     try:
-        states = job_states(job_id)
-    except (OSError, subprocess.SubprocessError):
+        states = slurm_cli.job_states(job_id)
+    except slurm_cli.SlurmCommandError:
         return None
     state = states.get(job_id) or next(iter(states.values()), None)
     return state.state if state is not None else None

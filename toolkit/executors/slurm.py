@@ -9,7 +9,6 @@ exits with the job's status (the tail of the failing rank's stderr when it faile
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import sys
@@ -17,50 +16,26 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-import submitit
-from submitit.core.utils import FailedJobError
-
 from toolkit.config.shape import tasks_per_node
 from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root, rundir_lock
-from toolkit.executors.slurm_exclude import JobShape, RequeueWatch
-from toolkit.executors.slurm_jobs import (
-    JobState,
-    cancel,
-    failed_task,
-    job_states,
-    unreachable_reason,
-)
+from toolkit.executors.requeue import RequeuePolicy
+from toolkit.executors.slurm_exclude import RequeueWatch
+from toolkit.executors.slurm_jobs import failed_task, unreachable_reason
 from toolkit.executors.slurm_sbatch import Submission, log_path, plan
 from toolkit.fault.hang import hang_summaries
 from toolkit.redact import redact
+from toolkit.slurm_cli import (
+    JobState,
+    SbatchRejected,
+    SlurmCommandError,
+    cancel,
+    job_states,
+    sbatch,
+)
 
 POLL_S = 0.5
 TAIL_LINES = 20
-
-
-class EntrypointSlurmExecutor(submitit.SlurmExecutor):
-    """submitit's SlurmExecutor, srun'ing the toolkit entrypoint instead of its pickle runner.
-
-    The in-job process is then the same as with the local executor and jobs/train.sbatch:
-    same signal handling, same logging. submitit still writes the sbatch script (from
-    typed parameters it validates), submits it, and names the per-task log files.
-    """
-
-    def __init__(self, submission: Submission) -> None:
-        super().__init__(folder=submission.folder)
-        self._command = submission.command
-        self.update_parameters(**submission.parameters)
-
-    @property
-    def _submitit_command_str(self) -> str:
-        return self._command
-
-
-def in_job_entrypoint(run_dir: str) -> None:
-    """What each Slurm task runs: `python -u -m toolkit.entrypoint RUN_DIR` (see
-    toolkit.executors.slurm_sbatch). submitit records this call; nothing calls it."""
-    raise RuntimeError(f"srun runs `python -m toolkit.entrypoint {run_dir}`, not this function")
 
 
 class SlurmExecutor:
@@ -76,13 +51,11 @@ class SlurmExecutor:
             return 1
         try:
             job_ids = submit(submission, runs)
-        except FailedJobError as exc:
-            lines = [
-                line.strip().removeprefix("sbatch: error:").strip()
-                for line in str(exc).splitlines()
-            ]
-            message = "; ".join(line for line in lines if line)
-            print(f"error: sbatch rejected the job: {message}", file=sys.stderr)
+        except SbatchRejected as exc:
+            print(f"error: sbatch rejected the job: {exc}", file=sys.stderr)
+            return 1
+        except SlurmCommandError as exc:
+            print(f"error: could not submit the job: {exc}", file=sys.stderr)
             return 1
         describe(submission, runs, job_ids, tasks_per_node(cluster))
         if launch.detach:
@@ -118,7 +91,8 @@ class SlurmExecutor:
 
 
 def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
-    """Submit through submitit (one sbatch call); return the job ids ('120_0', ... for arrays)."""
+    """Write submitit's sbatch script and submit it (one sbatch call); return the job ids
+    ('120_0', ... for arrays). The script is the one `launch.dry_run` prints."""
     # The sbatch script holds the setup lines verbatim (Slurm executes them): user-only.
     submission.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     submission.folder.chmod(0o700)
@@ -130,19 +104,18 @@ def submit(submission: Submission, runs: list[PreparedRun]) -> list[str]:
             if link.is_symlink():
                 link.unlink()
             link.symlink_to(run.run_dir, target_is_directory=True)
-    executor = EntrypointSlurmExecutor(submission)
-    # submitit echoes sbatch's stderr itself; the caller reports it once, as one line.
-    with contextlib.redirect_stderr(io.StringIO()), executor.batch():
-        # submitit pickles a call per job for its own runner; srun runs the entrypoint
-        # instead, so the recorded call is only a reference and is never unpickled.
-        jobs = [executor.submit(in_job_entrypoint, str(run.run_dir)) for run in runs]
-    job_ids = [job.job_id for job in jobs]
+    pending = submission.folder / f".submission_file_{os.getpid()}.sh"
+    pending.write_text(submission.script())
+    job_id = sbatch(str(pending))
+    script = submission.folder / f"{job_id}_submission.sh"  # where submitit kept it
+    pending.replace(script)
+    job_ids = [f"{job_id}_{i}" for i in range(len(runs))] if len(runs) > 1 else [job_id]
     for index, (run, job_id) in enumerate(zip(runs, job_ids, strict=True)):
         record = {
             "job_id": job_id,
             "array_index": index if len(runs) > 1 else None,
             "slurm_folder": str(submission.folder),
-            "sbatch_script": str(submission.folder / f"{job_id.split('_')[0]}_submission.sh"),
+            "sbatch_script": str(script),
         }
         (run.run_dir / "slurm.json").write_text(json.dumps(record, indent=2) + "\n")
         rundir_lock.record_slurm(run.run_dir, job_id)  # the job holds the run dir now
@@ -216,8 +189,7 @@ def wait(job_id: str, on_poll=None) -> dict[str, JobState]:
 
 def requeue_watch(job: Any, run_dir: Path, job_id: str) -> RequeueWatch:
     """What the launcher does about bad nodes while it follows the job (slurm_exclude)."""
-    shape = JobShape.of(job)
-    return RequeueWatch(run_dir, job_id, shape, job.checkpoint.requeue, job.checkpoint.max_restarts)
+    return RequeueWatch(run_dir, job_id, RequeuePolicy.of(job))
 
 
 def follow_job(

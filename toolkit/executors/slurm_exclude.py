@@ -15,50 +15,19 @@ between a requeue and the next start:
 from __future__ import annotations
 
 import logging
-import re
-import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from toolkit import slurm_cli
 from toolkit.executors import badnodes
 from toolkit.executors.exclusion import BadNode, Decision, decide, hostnames
-from toolkit.executors.preemption import start_requeued
+from toolkit.executors.requeue import JobShape, RequeuePolicy
 
 log = logging.getLogger(__name__)
 
 # sinfo's short states of nodes that can take a job (a trailing '*' = not responding).
 USABLE_STATES = frozenset({"idle", "mix", "alloc", "comp", "resv", "plnd"})
 DOWN_STATES = ("down", "drain", "drng", "fail", "failg", "maint", "unk", "boot", "npc")
-
-
-def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def job_fields(job_id: str) -> dict[str, str]:
-    """`scontrol show job -o` as a dict ({} when slurmctld no longer knows the job)."""
-    try:
-        out = _run("scontrol", "show", "job", "-o", job_id).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    line = out.splitlines()[0] if out.strip() else ""
-    return dict(re.findall(r"(\w+)=(\S*)", line))
-
-
-def node_states(partition: str | None = None, nodes: list[str] | None = None) -> dict[str, str]:
-    """{node: sinfo short state} of a partition (or of some nodes)."""
-    cmd = ["sinfo", "-h", "-N", "-o", "%N %t"]
-    if partition:
-        cmd += ["-p", partition]
-    if nodes:
-        cmd += ["-n", ",".join(nodes)]
-    try:
-        out = _run(*cmd).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return dict(line.split()[:2] for line in out.splitlines() if len(line.split()) >= 2)
 
 
 def usable(state: str) -> bool:
@@ -69,19 +38,13 @@ def is_down(state: str) -> bool:
     return state.endswith("*") or state.rstrip("~#$@^-+!%*").startswith(DOWN_STATES)
 
 
-def attempts(job_id: str, attempt: int, wait_s: float = 0.0) -> list[list[str]]:
-    """sacct's [State, NodeList, Start, End] of every attempt of the job; waits up to wait_s
-    for accounting to record attempt `attempt` as ended (slurmdbd lags a moment)."""
+def attempts(job_id: str, attempt: int, wait_s: float = 0.0) -> list[slurm_cli.Attempt]:
+    """Every attempt of the job in accounting; waits up to wait_s for accounting to record
+    attempt `attempt` as ended (slurmdbd lags a moment)."""
     deadline = time.monotonic() + wait_s
-    fields = "State,NodeList,Start,End"
     while True:
-        try:
-            out = _run("sacct", "-n", "-D", "-X", "-P", "-j", job_id, "-o", fields).stdout
-        except (OSError, subprocess.SubprocessError):
-            return []
-        rows = [line.split("|") for line in out.splitlines() if line.count("|") == 3]
-        ended = attempt < len(rows) and rows[attempt][0] not in ("RUNNING", "PENDING", "")
-        if ended or time.monotonic() >= deadline:
+        rows = slurm_cli.attempts(job_id)
+        if (attempt < len(rows) and rows[attempt].ended) or time.monotonic() >= deadline:
             return rows
         time.sleep(0.5)
 
@@ -89,29 +52,17 @@ def attempts(job_id: str, attempt: int, wait_s: float = 0.0) -> list[list[str]]:
 def node_down_events(nodes: list[str], start: str, end: str) -> dict[str, str]:
     """{node: reason} of the nodes that Slurm's accounting saw go down, drained or failed
     between start and end (+60 s): the record survives the node's return to service."""
-    try:
-        out = _run("sacctmgr", "-n", "-P", "show", "event", f"Nodes={','.join(nodes)}",
-                   f"Start={start}", "format=NodeName,State,Reason,TimeStart").stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    limit = _slurm_time(end)
+    limit = slurm_cli.parse_time(end)
     found: dict[str, str] = {}
-    for line in out.splitlines():
-        parts = line.split("|")
-        if len(parts) != 4 or parts[0] not in nodes:
+    for e in slurm_cli.node_events(nodes, start):
+        if e.node not in nodes:
             continue
-        when = _slurm_time(parts[3])
+        when = slurm_cli.parse_time(e.start)
         if limit is not None and when is not None and when > limit + 60:
             continue
-        if parts[1].upper().startswith(("DOWN", "FAIL", "DRAIN")):
-            found.setdefault(parts[0], parts[2] or parts[1])
+        if e.state.upper().startswith(("DOWN", "FAIL", "DRAIN")):
+            found.setdefault(e.node, e.reason or e.state)
     return found
-
-
-def _slurm_time(text: str) -> float | None:
-    from toolkit.executors.preemption import parse_slurm_time
-
-    return parse_slurm_time(text)
 
 
 def node_fail(job_id: str, attempt: int, wait_s: float = 0.0) -> list[BadNode]:
@@ -119,34 +70,18 @@ def node_fail(job_id: str, attempt: int, wait_s: float = 0.0) -> list[BadNode]:
     attempt that went down meanwhile (Slurm's node events), or that are down, drained or not
     responding now."""
     rows = attempts(job_id, attempt, wait_s)
-    if attempt >= len(rows) or not rows[attempt][0].startswith("NODE_FAIL"):
+    if attempt >= len(rows) or not rows[attempt].state.startswith("NODE_FAIL"):
         return []
-    _, nodelist, start, end = rows[attempt]
-    nodes = hostnames(nodelist)
-    events = node_down_events(nodes, start, end)
-    states = node_states(nodes=nodes)
+    row = rows[attempt]
+    nodes = hostnames(row.nodelist)
+    events = node_down_events(nodes, row.start, row.end)
+    states = slurm_cli.node_states(nodes=nodes)
     down = [n for n in nodes if n in events or is_down(states.get(n, "down"))]
     if not down:
         log.warning("job %s attempt %d: NODE_FAIL, but none of %s went down", job_id, attempt,
                     ",".join(nodes))  # fmt: skip
     why = {n: f"node down: {events[n]}" if n in events else f"node {states.get(n)}" for n in down}
     return [BadNode(n, f"NODE_FAIL, {why[n]}", attempt, "slurm") for n in down]
-
-
-@dataclass(frozen=True)
-class JobShape:
-    """What the decision needs of the job's config."""
-
-    nodes: int  # cluster.nodes
-    exclude: str | None = None  # cluster.exclude
-    partition: str | None = None  # cluster.partition (None: the job's, from Slurm)
-    enabled: bool = True  # fault.exclude_nodes
-
-    @classmethod
-    def of(cls, job: Any) -> JobShape:
-        """From a JobConfig."""
-        c = job.cluster
-        return cls(c.nodes, c.exclude, c.partition, job.fault.exclude_nodes)
 
 
 def evidence(
@@ -171,11 +106,15 @@ def plan(
     wait_s: float = 0.0,
 ) -> Decision:
     """The decision for the requeue after attempt `attempt` (asks Slurm; changes nothing)."""
-    fields = job_fields(job_id)
-    already = hostnames(fields.get("ExcNodeList")) + hostnames(shape.exclude)
+    try:
+        records = slurm_cli.show_job(job_id) or []
+    except slurm_cli.SlurmCommandError:
+        records = []  # slurmctld no longer knows the job, or cannot be asked
+    job = records[0] if records else None
+    already = hostnames(job.exc_node_list if job else None) + hostnames(shape.exclude)
     already += [str(e.get("node")) for e in badnodes.excluded(run_dir)]
-    partition = shape.partition or fields.get("Partition") or None
-    states = node_states(partition)
+    partition = shape.partition or (job.partition if job else "") or None
+    states = slurm_cli.node_states(partition)
     bad = [*(extra or []), *evidence(run_dir, job_id, attempt, since, wait_s)]
     # sinfo not answering: the count of usable nodes is unknown, not zero.
     up = [n for n, s in states.items() if usable(s)] if states else None
@@ -206,14 +145,12 @@ def requeue_with_exclusion(
 
     The call point after a hang: `extra` may carry the hang's own evidence; else the
     newest hang summary written at or after `since` (the attempt's start) is read."""
-    from toolkit.executors.preemption import requeue
-
     decision = plan(run_dir, job_id, attempt, shape, extra, since)
     if not decision.schedulable:
         log.error("job %s: %s", job_id, decision.message)
         return False, decision
     act(run_dir, job_id, decision)
-    return requeue(job_id, exclude=decision.exclude), decision
+    return slurm_cli.requeue(job_id, exclude=decision.exclude), decision
 
 
 def exclude_while_pending(run_dir: Path, job_id: str, attempt: int, shape: JobShape) -> Decision:
@@ -221,10 +158,10 @@ def exclude_while_pending(run_dir: Path, job_id: str, attempt: int, shape: JobSh
     bad nodes out and start it now; when it could no longer be scheduled, cancel it."""
     decision = plan(run_dir, job_id, attempt, shape, wait_s=15.0)
     if not decision.schedulable:
-        _run("scancel", job_id)
+        slurm_cli.cancel(job_id)
         return decision
     act(run_dir, job_id, decision)
-    start_requeued(job_id, decision.exclude, tries=2)
+    slurm_cli.start_requeued(job_id, decision.exclude, tries=2)
     return decision
 
 
@@ -238,29 +175,23 @@ def requeue_after_failure(run_dir: Path, job_id: str, attempt: int, shape: JobSh
     if not decision.schedulable or not decision.added:
         return decision
     act(run_dir, job_id, decision)
-    done = _run("scontrol", "requeue", job_id)
-    if done.returncode != 0:
-        why = done.stderr.strip()
-        return Decision(decision.exclude, decision.added, False, f"scontrol requeue failed: {why}")
-    start_requeued(job_id, decision.exclude)
+    try:
+        slurm_cli.requeue_job(job_id)
+    except slurm_cli.SlurmCommandError as exc:
+        why = f"scontrol requeue failed: {exc}"
+        return Decision(decision.exclude, decision.added, False, why)
+    slurm_cli.start_requeued(job_id, decision.exclude)
     return decision
 
 
 class RequeueWatch:
     """The launcher's part, while it follows a job: a requeue Slurm made (NODE_FAIL) gets
     the bad nodes excluded while pending; a job failed by a hardware error is requeued
-    without its node (within checkpoint.requeue / max_restarts)."""
+    without its node (while the requeue policy allows)."""
 
-    def __init__(
-        self,
-        run_dir: Path,
-        job_id: str,
-        shape: JobShape,
-        requeue: bool = True,
-        max_restarts: int = 10,
-    ):
-        self.run_dir, self.job_id, self.shape = run_dir, job_id, shape
-        self.requeue, self.max_restarts = requeue, max_restarts
+    def __init__(self, run_dir: Path, job_id: str, policy: RequeuePolicy):
+        self.run_dir, self.job_id, self.policy = run_dir, job_id, policy
+        self.shape = policy.shape
         self.handled = 0  # the restart count already looked at
         self.stopped: Decision | None = None  # a decision that ended the job
 
@@ -270,7 +201,7 @@ class RequeueWatch:
         self.handled = restarts
         try:
             decision = exclude_while_pending(self.run_dir, self.job_id, restarts - 1, self.shape)
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, slurm_cli.SlurmCommandError) as exc:
             log.warning("job %s: could not review its nodes after a requeue: %s", self.job_id, exc)
             return
         if not decision.schedulable:
@@ -279,7 +210,7 @@ class RequeueWatch:
     def after_failure(self, restarts: int) -> bool:
         """The job ended FAILED after `restarts` requeues: requeue it without a node that
         had a hardware error (True), or leave it failed (False)."""
-        if not self.requeue or restarts >= self.max_restarts or not self._has_checkpoint():
+        if not self.policy.allows(restarts) or not self._has_checkpoint():
             return False
         decision = requeue_after_failure(self.run_dir, self.job_id, restarts, self.shape)
         if decision.added and decision.schedulable:

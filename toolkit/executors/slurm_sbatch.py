@@ -1,5 +1,10 @@
 """From the typed cluster config to submitit's sbatch parameters and script (no side effects).
 
+submitit writes the script (`submitit.slurm.slurm._make_sbatch_string`: typed, validated
+parameters; its one private function used here, feature-checked by `sbatch_writer`); the
+launcher submits it with `sbatch` itself (toolkit.slurm_cli.sbatch). docs/slurm.md says why
+submitit's executor does not submit it.
+
 Every task of the job runs the same in-job entrypoint as the local executor,
 `python -u -m toolkit.entrypoint RUN_DIR`, under one `srun`. For a sweep (a job array)
 RUN_DIR is `<folder>/runs/$SLURM_ARRAY_TASK_ID`, a symlink to the element's run dir.
@@ -7,15 +12,19 @@ RUN_DIR is `<folder>/runs/$SLURM_ARRAY_TASK_ID`, a symlink to the element's run 
 
 from __future__ import annotations
 
+import inspect
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from submitit.slurm.slurm import _make_sbatch_string
+import submitit
+import submitit.slurm.slurm
 
 from toolkit.config.cluster import ClusterConfig, parse_sbatch_extra
+from toolkit.config.errors import ConfigError
 from toolkit.config.shape import tasks_per_node
 
 # One rank failing ends the step at once instead of leaving the others in a collective.
@@ -45,9 +54,31 @@ class Submission:
     def script(self) -> str:
         """The exact sbatch script submitit writes for this submission."""
         map_count = self.num_runs if self.num_runs > 1 else None
-        return _make_sbatch_string(
+        write = sbatch_writer(self.parameters)
+        return write(
             command=self.command, folder=self.folder, map_count=map_count, **self.parameters
         )
+
+
+def sbatch_writer(parameters: dict[str, Any]) -> Callable[..., str]:
+    """submitit's sbatch script writer, once it is known to take every parameter given
+    (it is private to submitit: a submitit without it, or with other parameters, is refused
+    in one line instead of failing inside it)."""
+    write = getattr(submitit.slurm.slurm, "_make_sbatch_string", None)
+    version = getattr(submitit, "__version__", "?")
+    if write is None:
+        raise ConfigError(
+            f"submitit {version} has no submitit.slurm.slurm._make_sbatch_string, the sbatch "
+            "script writer this toolkit uses; install submitit>=1.5,<2"
+        )
+    accepted = set(inspect.signature(write).parameters)
+    unknown = sorted({"command", "folder", "map_count", *parameters} - accepted)
+    if unknown:
+        raise ConfigError(
+            f"submitit {version}'s sbatch writer takes no {', '.join(unknown)}; "
+            "install submitit>=1.5,<2"
+        )
+    return write
 
 
 def setup_lines(c: ClusterConfig, repo_root: Path) -> list[str]:

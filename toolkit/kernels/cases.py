@@ -32,3 +32,6 @@ class KernelCase:
     kernel: Callable[..., torch.Tensor]  # the fused path (Triton; Liger or ours)
     backward: bool = True  # the benchmark also runs out.float().sum().backward()
     shape: str = ""  # the bench size's shape, in words, for the table
+    # The fused op's entry on the meta device (shapes only, no device dispatch), for the
+    # saved-for-backward bytes at any size (`toolkit.bench.kernels --device meta`).
+    meta_kernel: Callable[..., torch.Tensor] | None = None

@@ -248,6 +248,7 @@ BENCH_CASES = (
         reference=masked_regression_loss_reference,
         kernel=masked_regression_loss,
         shape="batch 32 x time 256 x 512 instruments, weighted, 10 % missing",
+        meta_kernel=lambda p, t, w: _fwd_op(p, t, w, "mse", 1.0),
     ),
     KernelCase(
         name="masked_huber_loss",
@@ -255,5 +256,6 @@ BENCH_CASES = (
         reference=_huber(masked_regression_loss_reference),
         kernel=_huber(masked_regression_loss),
         shape="batch 32 x time 256 x 512 instruments, weighted, 10 % missing",
+        meta_kernel=lambda p, t, w: _fwd_op(p, t, w, "huber", 1.0),
     ),
 )

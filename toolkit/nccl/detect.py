@@ -11,8 +11,6 @@ from dataclasses import dataclass
 
 from toolkit.nccl.sysfs import DISTANCE_ORDER, IbPort, NetIface, NodeTopology, pci_distance
 
-FABRICS = ("infiniband", "roce", "ethernet", "single_node")
-
 # The static tuning of each fabric. conf/nccl/<fabric>.yaml repeats it as `profile_env`, with a
 # comment per variable (tests/nccl/test_profiles.py keeps the two equal).
 FABRIC_TUNING: dict[str, dict[str, str]] = {

@@ -17,8 +17,6 @@ from pathlib import Path
 
 NVIDIA_VENDOR = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA controller, 3D controller (class code prefix)
-ARPHRD_ETHER = 1
-ARPHRD_INFINIBAND = 32
 ARPHRD_LOOPBACK = 772
 VIRTUAL_PREFIXES = ("docker", "veth", "virbr", "br-", "cni", "flannel", "cali", "tun", "tap")
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"

@@ -45,8 +45,10 @@ def counted_shape(job: JobConfig) -> CountedShape:
     if spec.flops_per_sample is not None:  # the spec's own FLOPs: no run needed
         flops = spec.flops_per_sample(cfg, job.data.seq_len)
         params = sum(p.numel() for p in dict(model.named_parameters()).values())
-        # Activations are not counted here: the memory estimate is then a floor.
-        return CountedShape(name, flops, flops / 3, params, 0.0, units, tokens)
+        # The spec's own saved activations; without them the memory estimate is a floor.
+        saved = spec.saved_bytes_per_sample
+        activations = 0.0 if saved is None else saved(cfg, job.data.seq_len)
+        return CountedShape(name, flops, flops / 3, params, activations, units, tokens)
     cost = count(lambda: spec.build(cfg), example_batch(job), spec.loss_of)
     return CountedShape(
         name=name,

@@ -31,6 +31,7 @@ from toolkit.perfmodel.comm import DTYPE_BYTES
 from toolkit.perfmodel.layout import Layout
 from toolkit.perfmodel.memory import accumulated_grads_bytes
 from toolkit.perfmodel.memory_options import optimizer_state_bytes_per_param
+from toolkit.perfmodel.prediction import Prediction, device_capacity
 from toolkit.perfmodel.steptime import forward_gathers
 
 FP32 = 4
@@ -56,9 +57,7 @@ def matmul_rate(hw: HardwareConfig, dtype: str) -> float:
     return hw.peak_flops(dtype) * (statistics.median(fractions) if fractions else 1.0)
 
 
-def predict_counted(model: CountedShape, layout: Layout, hw: HardwareConfig) -> Any:
-    from toolkit.perfmodel.model import Prediction, device_capacity
-
+def predict_counted(model: CountedShape, layout: Layout, hw: HardwareConfig) -> Prediction:
     samples = layout.micro_batch_size * layout.grad_accum * layout.dp
     ac = layout.activation_checkpointing
     executed_per_sample = model.flops_per_sample + (model.forward_flops_per_sample if ac else 0)

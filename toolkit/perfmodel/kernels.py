@@ -33,7 +33,6 @@ BACKWARD_OPS_FACTOR = 2.0
 # log_softmax, nll (head and loss: 7).
 EMBEDDING_FORWARD_OPS = 4
 HEAD_FORWARD_OPS = 7
-ROOT_FORWARD_OPS = EMBEDDING_FORWARD_OPS + HEAD_FORWARD_OPS
 # Foreach AdamW (torch.optim.adam._multi_tensor_adam, not capturable), fp32 words moved per
 # parameter: weight-decay mul_ 2, lerp_ 3, mul_ 2, addcmul_ 3, sqrt 2, div_ 2, add_ 2,
 # div_ 2, addcdiv_ 4 = 22; clipping: foreach norm 1 + foreach mul_ 2 = 3.
@@ -120,20 +119,6 @@ def head_gemm_s(
     return forward_backward_gemm_s(tokens, shard(width, tp), model.dim, dtype, hw)
 
 
-def gemm_time(
-    model: TransformerConfig,
-    tokens: int,
-    width: int,
-    dtype: str,
-    hw: HardwareConfig,
-    recompute: bool,
-    tp: int = 1,
-) -> float:
-    """Seconds of one micro-step's GEMMs: every block and the head."""
-    blocks = model.num_layers * block_gemm_s(model, tokens, dtype, hw, recompute, tp)
-    return blocks + head_gemm_s(model, tokens, width, dtype, hw, tp)
-
-
 def causal_attention_flops(model: TransformerConfig, tokens: int, seq_len: int) -> float:
     """Executed FLOPs of causal SDPA over one micro-step, forward + backward: full attention
     is 12*L*d*S per token (QK^T and AV: 4*L*d*S forward, twice that backward); causal
@@ -156,18 +141,6 @@ def block_attention_s(
     executed = per_block * (4.0 / 3.0 if recompute else 1.0)
     head_dim = model.dim // model.num_heads
     return executed / (hw.peak_flops(dtype) * hw.attention_fraction(seq_len, head_dim, dtype))
-
-
-def attention_time(
-    model: TransformerConfig,
-    tokens: int,
-    seq_len: int,
-    dtype: str,
-    hw: HardwareConfig,
-    recompute: bool,
-    tp: int = 1,
-) -> float:
-    return model.num_layers * block_attention_s(model, tokens, seq_len, dtype, hw, recompute, tp)
 
 
 def cross_entropy_bytes_per_logit(act_bytes: int) -> float:
@@ -207,25 +180,8 @@ def head_elementwise_bytes(
     return (6 * unit + tokens * width * cross_entropy_bytes_per_logit(act_bytes)) / tp
 
 
-def elementwise_bytes(
-    model: TransformerConfig, tokens: int, width: int, act_bytes: int, recompute: bool, tp: int = 1
-) -> float:
-    """Bytes the non-GEMM kernels of one micro-step move."""
-    blocks = model.num_layers * block_elementwise_bytes(model, tokens, act_bytes, recompute, tp)
-    return (
-        blocks
-        + embedding_elementwise_bytes(model, tokens, width, act_bytes, tp)
-        + head_elementwise_bytes(model, tokens, width, act_bytes, tp)
-    )
-
-
 def block_ops(recompute: bool) -> float:
     return BLOCK_FORWARD_OPS * (1 + BACKWARD_OPS_FACTOR + (1 if recompute else 0))
-
-
-def ops_per_micro_step(model: TransformerConfig, recompute: bool) -> float:
-    root = (EMBEDDING_FORWARD_OPS + HEAD_FORWARD_OPS) * (1 + BACKWARD_OPS_FACTOR)
-    return model.num_layers * block_ops(recompute) + root
 
 
 def optimizer_bytes(local_params: float) -> float:

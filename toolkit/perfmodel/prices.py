@@ -1,5 +1,4 @@
-"""The user's price table for cost estimates (`python -m toolkit.plan --cost`, `python -m
-toolkit.bench.tradeoffs --cost`): a YAML mapping of hardware preset -> price per device-hour.
+"""The user's price table for cost estimates (`python -m toolkit.plan --cost`): a YAML mapping of hardware preset -> price per device-hour.
 No price is built in: prices change and differ by contract."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""From raw measurements to a hardware profile (pure arithmetic; toolkit.bench.hardware
+"""From raw measurements to a hardware profile (pure arithmetic; toolkit.measure.hardware
 measures). Rates become fractions of the best rate measured, collective timings become a
 latency and a bandwidth, and the profile is written as YAML that `hardware=` loads."""
 

@@ -30,8 +30,10 @@ from typing import Any, BinaryIO
 from toolkit.config.job import JobConfig
 from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.errors import EXIT_PREEMPTED
-from toolkit.executors.preemption import requeue, signal_number, slurm_job_id
+from toolkit.executors.preemption import signal_number, slurm_job_id
+from toolkit.executors.requeue import RequeuePolicy
 from toolkit.session import BEAT, ENV, REQUEST, SessionSpec
+from toolkit.slurm_cli import requeue
 from toolkit.telemetry.schema import node_name
 from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
 from toolkit.telemetry.transport import socket_path
@@ -171,25 +173,29 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
     progress = Progress(beat_path)
     forwarded = 0
     try:
-        while proc.poll() is None:
-            time.sleep(POLL_S)
-            while forwarded < len(received):  # the handler only noted it: forward it here
-                with contextlib.suppress(OSError):
-                    proc.send_signal(received[forwarded])
-                forwarded += 1
-            if hb is not None and progress.moved(seen[0], cpu_time_s(proc.pid)):
-                # Startup (hang_startup_timeout_s) until the script shows a sign of life.
-                hb.beat("step", progress.step)
-        for t in pumps:
-            t.join(timeout=5)
+        try:
+            while proc.poll() is None:
+                time.sleep(POLL_S)
+                while forwarded < len(received):  # the handler only noted it: forward it here
+                    with contextlib.suppress(OSError):
+                        proc.send_signal(received[forwarded])
+                    forwarded += 1
+                if hb is not None and progress.moved(seen[0], cpu_time_s(proc.pid)):
+                    # Startup (hang_startup_timeout_s) until the script shows a sign of life.
+                    hb.beat("step", progress.step)
+            for t in pumps:
+                t.join(timeout=5)
+        finally:
+            for s in sinks:
+                s.close()
+            beat_path.unlink(missing_ok=True)
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        # Still under the handlers: `scontrol requeue` SIGTERMs this job while rank 0 is yet
+        # to make the requeued job eligible now (Slurm would hold it ~120 s).
+        code = after_script(job, env, run_dir, code, bool(received))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        for s in sinks:
-            s.close()
-        beat_path.unlink(missing_ok=True)
-    code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    code = after_script(job, env, run_dir, code, bool(received))
     if env.is_rank0:
         write_summary(run_dir, code)
     return {"exit_code": code}
@@ -229,16 +235,10 @@ def after_script(job: JobConfig, env: DistEnv, run_dir: Path, code: int, signall
         return EXIT_PREEMPTED if asked else code  # locally: relaunch into the run dir
     if not env.is_rank0:
         return 0
-    restarts = restart_count()
-    if not job.checkpoint.requeue:
-        log.warning("checkpoint.requeue=false: not requeueing job %s", job_id)
-    elif restarts >= job.checkpoint.max_restarts:
-        log.error(
-            "job %s restarted %d times (checkpoint.max_restarts=%d): not requeueing",
-            job_id,
-            restarts,
-            job.checkpoint.max_restarts,
-        )
+    policy = RequeuePolicy.of(job)
+    refusal = policy.refusal(job_id, policy.restarts())
+    if refusal is not None:
+        (log.warning if not policy.requeue else log.error)("%s", refusal)
     else:
         (run_dir / REQUEST).unlink(missing_ok=True)
         done = requeue(job_id)

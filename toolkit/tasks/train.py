@@ -20,6 +20,7 @@ from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig, series_shape, vocab_size
 from toolkit.config.parallel import MeshShape, mesh_shape, pipeline_stages
 from toolkit.config.shape import micro_batch_size
+from toolkit.data.tokens import BatchPlan
 from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import local_param_bytes, parallelize
@@ -33,15 +34,15 @@ from toolkit.perfmodel import balanced_split, layer_costs
 from toolkit.perfmodel.job import job_grad_sync
 from toolkit.telemetry.heartbeat import Heartbeat
 from toolkit.telemetry.profiler import ProfileHook, profiling_configured
-from toolkit.telemetry.sink import TelemetrySink, build_telemetry_sinks
+from toolkit.telemetry.sink import StopWhenAgentLost, TelemetrySink, build_telemetry_sinks
 from toolkit.telemetry.spec import WatchdogSpec
 from toolkit.train.console import ConsoleSink
-from toolkit.train.data import BatchPlan, Loader, open_sources
 from toolkit.train.loop import Trainer
 from toolkit.train.models import use_kernels
 from toolkit.train.models.registry import spec_config, spec_for
 from toolkit.train.models.spec import ModelSpec
 from toolkit.train.optim import build_optimizer, build_scheduler
+from toolkit.train.parts import Data, Instruments, Learning
 from toolkit.train.pipeline import PipelineStep, build_pipeline
 from toolkit.train.steps import Accumulation
 from toolkit.train.targets import build_callbacks
@@ -84,17 +85,19 @@ def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
         return None
     from toolkit.executors import after_hang
     from toolkit.executors.preemption import slurm_job_id
+    from toolkit.executors.requeue import RequeuePolicy
 
+    policy = RequeuePolicy.of(job)  # crosses to the after-hang action field by field
     return WatchdogSpec(
         timeout_s=job.fault.hang_timeout_s,
         startup_timeout_s=job.fault.hang_startup_timeout_s,
-        requeue=job.checkpoint.enabled and job.checkpoint.requeue,
-        max_restarts=job.checkpoint.max_restarts,
+        requeue=job.checkpoint.enabled and policy.requeue,
+        max_restarts=policy.max_restarts,
         slurm_job_id=slurm_job_id(env.source),
-        nodes=job.cluster.nodes,
-        exclude=job.cluster.exclude,
-        partition=job.cluster.partition,
-        exclude_nodes=job.fault.exclude_nodes,
+        nodes=policy.shape.nodes,
+        exclude=policy.shape.exclude,
+        partition=policy.shape.partition,
+        exclude_nodes=policy.shape.enabled,
         after_hang_module=after_hang.__name__,
     )
 
@@ -104,12 +107,20 @@ def heartbeat_of(sinks: list[Sink]) -> Heartbeat | None:
     return next((s.heartbeat for s in sinks if isinstance(s, TelemetrySink) and s.heartbeat), None)
 
 
+def telemetry_sink_of(sink: Sink) -> TelemetrySink | None:
+    """This rank's telemetry sink inside the trainer's fan-out, if it has one."""
+    found = [s for s in getattr(sink, "sinks", [sink]) if isinstance(s, TelemetrySink)]
+    return found[0] if found else None
+
+
 def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
     """Checkpointing and scheduler control (see build_checkpoint_hooks), the user's
     callbacks (trainer.callbacks), then profiler windows: last, so that a window opens after
     the other hooks' work of its step."""
     hooks = build_checkpoint_hooks(job, env, run_dir, sink)
     hooks += build_node_hooks(job, env, run_dir, sink)
+    if job.telemetry.enabled and job.telemetry.on_agent_lost == "stop":
+        hooks.append(StopWhenAgentLost(telemetry_sink_of(sink), job.telemetry.agent_restarts))
     hooks += build_callbacks(job.trainer.callbacks)  # the user's own, after the toolkit's
     if profiling_configured(job.telemetry):
         hooks.append(ProfileHook(job.telemetry, run_dir, sink))
@@ -124,23 +135,19 @@ def build_checkpoint_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Si
     from toolkit.checkpoint.hook import CheckpointHook
     from toolkit.checkpoint.state import ConfigRecord
     from toolkit.config.compose import job_to_dict
-    from toolkit.executors.preemption import PreemptionHook, RequeuePolicy, slurm_job_id
+    from toolkit.executors.preemption import PreemptionHook, PreemptionSettings, slurm_job_id
+    from toolkit.executors.requeue import RequeuePolicy
     from toolkit.redact import redact
 
     config = ConfigRecord.of(redact(job_to_dict(job)))  # each checkpoint's config.json
     checkpoint = CheckpointHook(job.checkpoint, run_dir, config, sink, job.fault)
-    from toolkit.executors.slurm_exclude import JobShape
-
-    policy = RequeuePolicy(
+    settings = PreemptionSettings(
         signal_name=job.cluster.signal,
         signal_lead_s=job.cluster.signal_lead_s,
-        requeue=job.checkpoint.requeue,
-        max_restarts=job.checkpoint.max_restarts,
         slurm_job_id=slurm_job_id(env.source),
         run_dir=run_dir,
-        shape=JobShape.of(job),
     )
-    return [checkpoint, PreemptionHook(checkpoint, sink, policy)]
+    return [checkpoint, PreemptionHook(checkpoint, sink, RequeuePolicy.of(job), settings)]
 
 
 def build_node_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
@@ -151,7 +158,7 @@ def build_node_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) ->
     from toolkit.executors.exclusion import BadNode
     from toolkit.executors.node_events import ExclusionEvents
     from toolkit.executors.preemption import slurm_job_id
-    from toolkit.executors.slurm_exclude import JobShape
+    from toolkit.executors.requeue import JobShape
     from toolkit.telemetry.straggler import StragglerHook
 
     hooks: list[Hook] = []
@@ -193,7 +200,8 @@ def build_loaders(
     training period's statistics (saved in the run dir, and in checkpoints with the loader's
     state), validated by information coefficient. A bad dataset is the user's to fix: one
     line (the launcher has usually caught it already). data._target_: your own Dataset
-    (toolkit.data.user)."""
+    (toolkit.data.user). data=text|synthetic: token windows (toolkit.data.tokens). All three
+    implement toolkit.data.loader.Loader."""
     if isinstance(job.data, DatasetConfig):
         from toolkit.data.user import build_loaders as build_user_loaders
 
@@ -218,10 +226,10 @@ def build_loaders(
         if job.data.sample == "per_instrument":  # one row per instrument: group by time step
             return train, val, functools.partial(rank_ic, group=val.windows.num_instruments)
         return train, val, rank_ic
-    sources = open_sources(job.data, vocab_size(job.model) or 256)
-    loader = Loader(sources["train"], plan, prefetch=job.data.prefetch)
-    val_plan = dataclasses.replace(plan, grad_accum=1)
-    return loader, Loader(sources["val"], val_plan, prefetch=0, split="val"), None
+    from toolkit.data.tokens import build_loaders as build_token_loaders
+
+    pin = job.data.pin_memory and device.type == "cuda"
+    return (*build_token_loaders(job.data, plan, vocab_size(job.model) or 256, pin), None)
 
 
 def pipeline_split(job: JobConfig, shape: MeshShape) -> list[int]:
@@ -329,28 +337,26 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
             spec.predict,
             *micro_step_sync(job, env),
         )
-    trainer = Trainer(
-        job.trainer,
-        model,
-        optimizer,
-        scheduler,
-        loader,
+    learning = Learning(model, optimizer, scheduler, strategy, grad_clip=job.optim.grad_clip)
+    instruments = Instruments(
         sink,
-        device=device,
-        flops_per_sample=model_flops_per_sample(spec, job),
+        device,
         peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
-        val_loader=val_loader,
-        grad_clip=job.optim.grad_clip,
+        flops_per_sample=model_flops_per_sample(spec, job),
+        count_flops=flops_counter(spec, job),
+        throughput_unit=spec.unit,
         fault=job.fault,
         comm_timer=comm,  # timing=False: take() reports zeros, as with no timer
         heartbeat=heartbeat,
-        eval_metric=eval_metric,
-        strategy=strategy,
     )
-    trainer.throughput_unit = spec.unit
-    trainer.count_flops = flops_counter(spec, job)
-    trainer.layout = shape.degrees()
-    trainer.hooks = build_hooks(job, env, run_dir, sink)
+    trainer = Trainer(
+        job.trainer,
+        learning,
+        Data(loader, val_loader, eval_metric),
+        instruments,
+        hooks=build_hooks(job, env, run_dir, sink),
+        layout=shape.degrees(),
+    )
     return trainer
 
 

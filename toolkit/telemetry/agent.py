@@ -23,6 +23,7 @@ from typing import Any
 
 from toolkit.config.telemetry import TelemetryConfig
 from toolkit.redact import redact, redact_text
+from toolkit.telemetry.agent_status import write_status
 from toolkit.telemetry.h5store import NodeFileWriter
 from toolkit.telemetry.schema import (
     EVENT_ATTRS_BYTES,
@@ -109,6 +110,7 @@ class Agent:
         self.terminated_at: float | None = None
         self.messages = 0
         self.unknown_ranks: set[int] = set()
+        self._told_dropped = 0  # rows dropped that the rank was told of
         self.watchdog = Watchdog(spec, spec.watchdog) if spec.watchdog is not None else None
         directory = telemetry_dir(Path(spec.run_dir))
         self.path, self.attempt = free_file(directory, spec.node, spec.attempt)
@@ -209,6 +211,7 @@ class Agent:
             self.writer.flush()
         except Exception:  # noqa: BLE001
             log.exception("telemetry flush failed")
+        self.tell_rank()
         self.writer.append(
             "agent",
             {
@@ -218,6 +221,24 @@ class Agent:
                 "messages": self.messages,
             },
         )
+
+    def tell_rank(self) -> None:
+        """Rows that could not be written (a full disk): tell the rank that started this
+        agent (toolkit.telemetry.agent_status), whenever more were dropped."""
+        dropped = self.writer.rows_dropped
+        if dropped == self._told_dropped:
+            return
+        status = {
+            "node": self.spec.node,
+            "path": str(self.path),
+            "error": self.writer.write_error,
+            "dropped": dict(self.writer.dropped),
+        }
+        if write_status(self.spec.socket, status):
+            self._told_dropped = dropped
+        elif self._told_dropped >= 0:
+            self._told_dropped = -1  # say once that the rank cannot be told either
+            log.error("telemetry: could not tell the rank about the dropped rows either")
 
     def watch(self, now: float) -> None:
         """The hang watchdog's turn; after a hang, flush what the ranks sent and stop."""

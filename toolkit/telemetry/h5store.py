@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +140,10 @@ class NodeFileWriter:
         self.tables = {
             s.path: _Table(self.file.require_group(s.path), s, filters, chunk_rows) for s in specs
         }
+        # Rows that could not be written (a full disk, a quota), per table, and the first
+        # failure as one line: the agent tells its rank, the file's attrs tell the report.
+        self.dropped: dict[str, int] = {}
+        self.write_error: str | None = None
         self.file.swmr_mode = True
         self.file.flush()
 
@@ -148,21 +153,75 @@ class NodeFileWriter:
     def extend(self, table: str, columns: dict[str, Any]) -> None:
         self.tables[table].extend(columns)
 
+    @property
+    def rows_dropped(self) -> int:
+        return sum(self.dropped.values())
+
     def flush(self) -> None:
-        """Write every buffered row; a table that fails is logged and the others still go."""
+        """Write every buffered row; a table that fails is counted (its rows dropped, the
+        first failure logged in one line) and the others still go."""
         for name, table in self.tables.items():
             try:
                 table.flush()
-            except Exception:  # noqa: BLE001 - one bad table must not stop the others
-                log.exception("telemetry: writing table %s failed; its rows are dropped", name)
+            except Exception as exc:  # noqa: BLE001 - one bad table must not stop the others
+                self._failed(name, table.pending, exc)
                 table.clear()
-        self.file.flush()
+        try:
+            self.file.flush()
+        except Exception as exc:  # noqa: BLE001
+            self._failed("", 0, exc)
+
+    def _failed(self, table: str, rows: int, exc: BaseException) -> None:
+        if table:
+            self.dropped[table] = self.dropped.get(table, 0) + rows
+        if self.write_error is None:
+            self.write_error = write_failure(exc)
+            log.error(
+                "telemetry: node file %s not written: %s; its rows are dropped until it is",
+                self.path,
+                self.write_error,
+            )
+
+    def note_dropped(self) -> None:
+        """Name the rows that were never written in the file's attributes (best effort: the
+        disk may still be full), as `<group>_absent_reason`, which the report shows."""
+        by_group: dict[str, int] = {}
+        for table, rows in self.dropped.items():
+            group = table.split("/")[0]
+            by_group[group] = by_group.get(group, 0) + rows
+        for group, rows in by_group.items():
+            try:
+                self.file.attrs[f"{group}_absent_reason"] = (
+                    f"partly: {rows} rows not written ({self.write_error})"
+                )
+            except Exception as exc:  # noqa: BLE001
+                log.error("telemetry: could not note the dropped rows in %s: %s", self.path, exc)
+                return
 
     def close(self) -> None:
         try:
             self.flush()
+            if self.dropped:
+                self.note_dropped()
         finally:
-            self.file.close()
+            try:
+                self.file.close()
+            except Exception as exc:  # noqa: BLE001 - the disk that failed the rows
+                self._failed("", 0, exc)
+
+
+_ERRNO_MESSAGE = re.compile(r"error message = '([^']+)'")
+
+
+def write_failure(exc: BaseException) -> str:
+    """A write failure in a few words: HDF5's errno text ("No space left on device") when it
+    gives one, else the exception's first line."""
+    text = str(exc)
+    found = _ERRNO_MESSAGE.search(text)
+    if found:
+        return found.group(1)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(exc).__name__}: {first}"[:200]
 
 
 def open_read(path: Path) -> h5py.File:

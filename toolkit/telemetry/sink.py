@@ -13,18 +13,24 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from toolkit.config.telemetry import TelemetryConfig
 from toolkit.distributed.env import DistEnv, restart_count
+from toolkit.errors import EXIT_TELEMETRY_LOST
 from toolkit.events import Event, StepRecord
+from toolkit.hooks import Hook, Stop, TrainerView
+from toolkit.telemetry.agent_status import read_status, remove_status, write_failure_line
 from toolkit.telemetry.heartbeat import Heartbeat, heartbeat_path
 from toolkit.telemetry.schema import node_name
 from toolkit.telemetry.spec import AgentSpec, WatchdogSpec
 from toolkit.telemetry.transport import Sender, socket_path
 
 log = logging.getLogger(__name__)
+
+STATUS_EVERY_S = 2.0  # how often the rank that started the agent reads its status file
 
 
 def ranks_by_node(env: DistEnv) -> dict[str, list[int]]:
@@ -61,11 +67,33 @@ class TelemetrySink:
         self.heartbeat = heartbeat  # read by the agent's hang watchdog
         self.spec = spec  # how the agent was started: to start it again if it dies
         self.agent_restarts = 0
+        self.agent_lost = False  # the agent died and was not started again
+        self.path = path
+        self._next_status_s = 0.0
+        self._rows_dropped_said = 0  # rows the agent could not write, as last said in the log
 
     def write_step(self, record: StepRecord) -> None:
         self.sender.send({"kind": "step", **dataclasses.asdict(record)})
         if self.agent is not None and self.agent.poll() is not None:  # waitpid, no blocking
             self._agent_died()
+        if self.spec is not None and time.monotonic() >= self._next_status_s:
+            self._next_status_s = time.monotonic() + STATUS_EVERY_S
+            self.say_write_failures(first_only=True)
+
+    def say_write_failures(self, first_only: bool) -> None:
+        """The agent could not write rows into the node file (a full disk): say it in one
+        line, the first time (and at close, the total when it grew)."""
+        status = read_status(self.path)
+        if status is None:
+            return
+        try:
+            dropped = sum(int(n) for n in status["dropped"].values())
+            line = write_failure_line(status)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return
+        if dropped > self._rows_dropped_said and not (first_only and self._rows_dropped_said):
+            self._rows_dropped_said = dropped
+            log.error("%s", line)
 
     def _agent_died(self) -> None:
         """The node agent exited while training runs: start it again (its records queued in
@@ -73,14 +101,21 @@ class TelemetrySink:
         assert self.agent is not None
         pid, code = self.agent.pid, self.agent.returncode
         if self.spec is None or self.agent_restarts >= self.cfg.agent_restarts:
+            then = (
+                "the run stops after the next step (telemetry.on_agent_lost=stop)"
+                if self.cfg.on_agent_lost == "stop"
+                else "no more node telemetry and no hang watchdog"
+            )
             log.error(
                 "telemetry: node agent (pid %d) exited with %s; not restarted "
-                "(telemetry.agent_restarts=%d): no more node telemetry and no hang watchdog",
+                "(telemetry.agent_restarts=%d): %s",
                 pid,
                 code,
                 self.cfg.agent_restarts,
+                then,
             )
             self.agent = None
+            self.agent_lost = True
             return
         self.agent_restarts += 1
         self.agent = start_agent(self.spec, Path(self.spec.run_dir), self.spec.node)
@@ -120,8 +155,39 @@ class TelemetrySink:
             self.sender.close()
             if self.agent is not None:
                 stop_agent(self.agent, self.cfg.close_timeout_s)
+            if self.spec is not None:  # the agent's last word on rows it could not write
+                self.say_write_failures(first_only=False)
+                remove_status(self.path)
         except Exception:  # noqa: BLE001 - closing telemetry must not fail the run
             log.exception("telemetry: close failed on rank %d", self.rank)
+
+
+class StopWhenAgentLost(Hook):
+    """telemetry.on_agent_lost=stop: once a node agent is gone for good, every rank stops
+    after the next step, as at a preemption (the final checkpoint is saved when checkpointing
+    is on), with one line and EXIT_TELEMETRY_LOST. The rank that started the agent votes."""
+
+    num_votes = 1
+
+    def __init__(self, sink: TelemetrySink | None, agent_restarts: int):
+        self.sink = sink
+        self.agent_restarts = agent_restarts
+
+    def votes(self, trainer: TrainerView) -> list[float]:
+        return [1.0 if self.sink is not None and self.sink.agent_lost else 0.0]
+
+    def after_step(
+        self, trainer: TrainerView, record: StepRecord, votes: list[float]
+    ) -> Stop | None:
+        if votes[0] <= 0:
+            return None
+        return Stop(
+            f"telemetry: the node agent of {votes[0]:.0f} node(s) died and was not started "
+            f"again (telemetry.agent_restarts={self.agent_restarts}); the run stopped after "
+            f"step {trainer.step} (telemetry.on_agent_lost=stop): see logs/telemetry-*.log, "
+            "relaunch into the run dir to resume",
+            exit_code=EXIT_TELEMETRY_LOST,
+        )
 
 
 def stop_agent(agent: subprocess.Popen, timeout_s: float) -> None:

@@ -54,9 +54,6 @@ class Plan:
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
 
-    def node_of(self, rank: int) -> str:
-        return f"gpu-node{rank // self.gpus_per_node:03d}"
-
 
 def _step_times(plan: Plan, rng: np.random.Generator, n: int, rank: int) -> np.ndarray:
     base = plan.step_time_s * rng.lognormal(0.0, 0.02, n)

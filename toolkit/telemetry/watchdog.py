@@ -269,7 +269,7 @@ class Watchdog:
         out = []
         for rank, path in self.paths.items():
             beat = read_heartbeat(path) or self.beats.get(rank)
-            if beat is None:
+            if beat is None or rank in self.closed:  # a rank that ended is not hung
                 continue
             out.append({"rank": rank, "host": self.host, **beat, "idle_s": self.idle_s(rank, now)})
         return out
@@ -374,12 +374,6 @@ class Watchdog:
                 return
             time.sleep(0.2)
         log.warning("hang watchdog: not every node reported within %.0f s", timeout_s)
-
-    @staticmethod
-    def _wait_for(path: Path, timeout_s: float) -> None:
-        deadline = time.time() + timeout_s
-        while time.time() < deadline and not path.exists():
-            time.sleep(0.2)
 
     @staticmethod
     def _wait_for_action(path: Path, timeout_s: float) -> None:

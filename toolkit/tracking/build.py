@@ -56,10 +56,12 @@ def build_tracking_sinks(
     run_dir: Path,
     config: dict[str, Any],
     node_series: Callable[[], dict[str, list[tuple[float, float]]]] | None = None,
+    action: str | None = None,
 ) -> list[Sink]:
     """Rank 0's trackers (none on the other ranks, none when tracking=none). `config` is the
     job as a nested dict: it is redacted here, flattened, and logged as parameters;
-    `node_series`, called at the end, gives the node telemetry series to send."""
+    `node_series`, called at the end, gives the node telemetry series to send; `action`:
+    see unsent_hangs."""
     if not is_rank0 or not cfg.backends:
         return []
     params = Params(
@@ -85,7 +87,7 @@ def build_tracking_sinks(
         for name in cfg.backends
     ]
     trackers = Trackers(sinks, run_dir)
-    for event in unsent_hangs(run_dir):  # a hang ended the previous attempt: say so now
+    for event in unsent_hangs(run_dir, action):  # a hang ended the previous attempt: say so now
         trackers.write_event(event)
     return [trackers]
 
@@ -93,30 +95,60 @@ def build_tracking_sinks(
 HANGS_SENT = "tracking/hangs_sent.json"  # the hang dumps already sent to the trackers
 
 
-def unsent_hangs(run_dir: Path) -> list[Event]:
+def unsent_hangs(run_dir: Path, action: str | None = None) -> list[Event]:
     """A `hang` event for each hang dump of the run (RUN_DIR/hangs/<time>/summary.json) not
     yet sent: the node agent that caught it ended the job before any tracker could hear of
-    it, so the next attempt's rank 0 sends it (and records that it did)."""
-    from toolkit.fault.hang import hang_summaries
-
+    it, so the next attempt's rank 0 sends it (and records that it did). Its attributes name
+    the dump's directory and the stuck ranks; `action`: what was done about a hang whose
+    summary still says "pending" (the after-hang action sends it before it is written)."""
     ledger = run_dir / HANGS_SENT
-    try:
-        sent = set(json.loads(ledger.read_text()))
-    except (OSError, ValueError):
-        sent = set()
+    sent = _sent(run_dir)
     events = []
-    for path, summary in hang_summaries(run_dir):
+    for path, summary in _summaries(run_dir):
         key = path.parent.name
         if key in sent:
             continue
         when = path.stat().st_mtime
         attrs = {k: v for k, v in summary.items() if isinstance(v, str | int | float)}
+        attrs["dump"] = str(path.parent)
+        attrs["stuck_ranks"] = ",".join(map(str, summary["stuck_ranks"]))
+        attrs["stuck_hosts"] = ",".join(map(str, summary["stuck_hosts"]))
+        if action is not None and attrs.get("action") in (None, "pending"):
+            attrs["action"] = action
         events.append(Event("hang", when, when, int(summary["step"]), 0, attrs))
         sent.add(key)
     if events:
         ledger.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         ledger.write_text(json.dumps(sorted(sent)))
     return events
+
+
+def send_final_hangs(
+    cfg: TrackingConfig, run_dir: Path, config: dict[str, Any], action: str | None = None
+) -> int:
+    """A hang that ends the run for good (a local run; the last attempt Slurm may requeue)
+    has no next attempt to send it: whoever ends the run opens the run's trackers, sends each
+    hang dump not yet sent (the same ledger: a later relaunch does not send it again) and
+    closes them, within tracking.close_timeout_s. Returns how many were sent."""
+    sent_before = _sent(run_dir)
+    if not cfg.backends or all(p.parent.name in sent_before for p, _ in _summaries(run_dir)):
+        return 0
+    for trackers in build_tracking_sinks(cfg, True, run_dir, config, action=action):
+        trackers.close()
+    return len(_sent(run_dir) - sent_before)
+
+
+def _sent(run_dir: Path) -> set[str]:
+    try:
+        return set(json.loads((run_dir / HANGS_SENT).read_text()))
+    except (OSError, ValueError):
+        return set()
+
+
+def _summaries(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    from toolkit.fault.hang import hang_summaries
+
+    return hang_summaries(run_dir)
 
 
 def launch_overrides(run_dir: Path) -> list[str]:

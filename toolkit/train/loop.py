@@ -9,32 +9,27 @@ drills: the fault group) are a FaultInjector's (toolkit.train.faults), called at
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import resource
 import statistics
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from toolkit.config.fault import FaultConfig
 from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
-from toolkit.distributed.commtime import CommTimer
-from toolkit.errors import EXIT_NONFINITE, EXIT_RESUME_REFUSED, UserError
-from toolkit.events import Event, Sink, StepRecord
+from toolkit.errors import EXIT_RESUME_REFUSED, UserError
+from toolkit.events import Event, StepRecord
 from toolkit.hooks import Hook, Stop, split_votes
-from toolkit.train.data import Loader
 from toolkit.train.faults import FaultInjector
 from toolkit.train.flops import mfu
-from toolkit.train.steps import Accumulation, MicroBatches, StepStrategy
+from toolkit.train.nonfinite import NonfiniteGuard
+from toolkit.train.parts import Data, Instruments, Learning, StepTiming, breakdown
+from toolkit.train.steps import MicroBatches
 
 log = logging.getLogger(__name__)
 
@@ -51,69 +46,51 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
-class Heartbeat(Protocol):
-    """toolkit.telemetry.heartbeat.Heartbeat: the loop reports its phase boundaries."""
-
-    def beat(self, phase: str, step: int) -> None: ...
-
-
 class Trainer:
+    """The loop over optimizer steps, made of its parts (toolkit.train.parts): what learns,
+    what it learns from, what watches it; the hooks and the mesh layout it reports."""
+
     def __init__(
         self,
         cfg: TrainerConfig,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        loader: Loader,
-        sink: Sink,
+        learning: Learning,
+        data: Data,
+        instruments: Instruments,
         *,
-        device: torch.device,
-        flops_per_sample: float,
-        peak_flops: float,
-        val_loader: Loader | None = None,
         hooks: list[Hook] | None = None,
-        grad_clip: float = 1.0,
-        fault: FaultConfig | None = None,
-        comm_timer: CommTimer | None = None,
-        heartbeat: Heartbeat | None = None,
-        eval_metric: Callable[[torch.Tensor, torch.Tensor], tuple[float, int]] | None = None,
-        loss_context: Callable[[], AbstractContextManager] = contextlib.nullcontext,
-        strategy: StepStrategy | None = None,
+        layout: dict[str, int] | None = None,
     ):
         self.cfg = cfg
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.loader = loader
-        self.val_loader = val_loader
-        self.sink = sink
-        self.device = device
-        self.flops_per_sample = flops_per_sample  # model FLOPs of one sample, fwd + bwd
-        self.peak_flops = peak_flops
-        self.hooks = hooks or []
-        self.grad_clip = grad_clip
-        self.comm_timer = comm_timer
-        self.heartbeat = heartbeat  # progress for the node agent's hang watchdog
-        self.phases: dict[str, float] = {}
-        self.eval_metric = eval_metric  # (predictions, targets) -> (sum, count), e.g. rank IC
-        # Forward/backward over a step's micro-batches, clipping, eval forwards: the
-        # accumulation loop, or a pipeline schedule (toolkit.train.pipeline).
-        self.strategy = strategy or Accumulation(model, device, loss_context, comm_timer)
+        self.model = learning.model
+        self.optimizer = learning.optimizer
+        self.scheduler = learning.scheduler
+        self.strategy = learning.strategy
+        self.grad_clip = learning.grad_clip
+        self.loader = data.train
+        self.val_loader = data.val
+        self.eval_metric = data.eval_metric
+        self.sink = instruments.sink
+        self.device = instruments.device
+        self.flops_per_sample = instruments.flops_per_sample
+        self.count_flops = instruments.count_flops
+        self.peak_flops = instruments.peak_flops
+        self.throughput_unit = instruments.throughput_unit
+        self.comm_timer = instruments.comm_timer
+        self.heartbeat = instruments.heartbeat
+        self.hooks = list(hooks or [])
+        self.layout = dict(layout or {})  # mesh degrees, for the summary
         self.val_metrics: dict[str, float] = {}
-        self.layout: dict[str, int] = {}  # mesh degrees, set by the composition root
-        self.throughput_unit = "tokens"  # the model's (its spec's): tokens | samples
-        # A model without analytic FLOPs: counts them on its first micro-batch (once).
-        self.count_flops: Callable[[Any], float] | None = None
         self.rank = dist.get_rank()
-        self.faults = FaultInjector(fault or FaultConfig(), self.rank)
+        self.faults = FaultInjector(instruments.fault, self.rank)
         self.world_size = dist.get_world_size()
         self.state = TrainState()
         self.losses: list[float] = []
         self.records: list[StepRecord] = []
         self.stop: Stop | None = None
         self.nonfinite = False  # the last step's loss or grad norm was NaN/inf (not applied)
+        self.nonfinite_guard = NonfiniteGuard(cfg)  # then: stop, skip or roll back
         self._started = time.time()
-        plan = loader.plan
+        plan = self.loader.plan
         self.tokens_per_step = plan.global_batch_size * plan.seq_len
         self.samples_per_step = plan.global_batch_size
 
@@ -156,7 +133,7 @@ class Trainer:
 
     def use_global_batch(self, global_batch: int) -> None:
         """Re-split the batch plan so that a step sees `global_batch` sequences: the same
-        windows in the same order as any other world size (toolkit.train.data)."""
+        windows in the same order as any other world size (toolkit.data.loader)."""
         plan = self.loader.plan
         if global_batch == plan.global_batch_size:
             return
@@ -189,12 +166,8 @@ class Trainer:
         self.samples_per_step = global_batch
 
     # -- one optimizer step ------------------------------------------------------------
-    def train_step(
-        self, micro_batches: MicroBatches
-    ) -> tuple[float, float, float, float, list[float]]:
-        """Forward/backward over the micro-batches (self.strategy), then clip and step.
-        Returns the mean loss, the grad norm, both phases' seconds and the votes summed over
-        ranks; the phases in finer grain are left in `self.phases` (seconds)."""
+    def train_step(self, micro_batches: MicroBatches) -> StepTiming:
+        """Forward/backward over the micro-batches (self.strategy), then clip and step."""
         t0 = time.perf_counter()
         self.faults.compute()
         loss_sum = self.strategy.forward_backward(micro_batches)
@@ -230,32 +203,17 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         t_opt = time.perf_counter()
-        self.phases = {
-            "compute": t_clip - t0,
-            "checkpoint_stall": t_hooks - t_clip,
-            "optimizer_step": t_opt - t_reduced,
-            "exposed_before_votes": exposed_so_far,
-        }
-        loss = values[0] / self.strategy.loss_ranks
-        return loss, float(grad_norm), t1 - t0, t_opt - t1, values[2:]
-
-    def _breakdown(self, step_time: float, data_wait: float) -> dict[str, float]:
-        """Where the step went: the StepRecord fields that add up to step_time_s. Exposed
-        communication is taken out of the phase it happened in (compute, or the votes'
-        all-reduce that counts as other); with no comm timer it counts as compute / other."""
-        busy, exposed = self.comm_timer.take() if self.comm_timer is not None else ({}, 0.0)
-        phases = self.phases
-        compute = max(0.0, phases["compute"] - phases["exposed_before_votes"])
-        known = data_wait + compute + exposed + phases["optimizer_step"]
-        known += phases["checkpoint_stall"]
-        return {
-            "compute_s": compute,
-            "comm_exposed_s": exposed,
-            "optimizer_step_s": phases["optimizer_step"],
-            "checkpoint_stall_s": phases["checkpoint_stall"],
-            "other_s": max(0.0, step_time - known),
-            **{f"comm_{kind}_s": seconds for kind, seconds in busy.items()},
-        }
+        return StepTiming(
+            loss=values[0] / self.strategy.loss_ranks,
+            grad_norm=float(grad_norm),
+            forward_backward_s=t1 - t0,
+            optimizer_s=t_opt - t1,
+            votes=values[2:],
+            compute_s=t_clip - t0,
+            checkpoint_stall_s=t_hooks - t_clip,
+            optimizer_step_s=t_opt - t_reduced,
+            exposed_before_votes_s=exposed_so_far,
+        )
 
     def _time_up(self) -> float:
         budget = self.cfg.time_budget_s
@@ -314,7 +272,8 @@ class Trainer:
                 lr = self.scheduler.get_last_lr()[0]
                 if self.comm_timer is not None:
                     self.comm_timer.take()  # eval and hooks between steps: not this step's
-                loss, grad_norm, fb_s, opt_s, votes = self.train_step(micro_batches)
+                timing = self.train_step(micro_batches)
+                loss, grad_norm, votes = timing.loss, timing.grad_norm, timing.votes
                 step_time = time.perf_counter() - t_wait
                 if self.count_flops is not None:  # once, outside the step's own time
                     self.flops_per_sample = self.count_flops(micro_batches[0])
@@ -328,8 +287,8 @@ class Trainer:
                     wall_time=time.time(),
                     step_time_s=step_time,
                     data_wait_s=data_wait,
-                    forward_backward_s=fb_s,
-                    optimizer_s=opt_s,
+                    forward_backward_s=timing.forward_backward_s,
+                    optimizer_s=timing.optimizer_s,
                     loss=loss,
                     grad_norm=grad_norm,
                     lr=lr,
@@ -339,13 +298,13 @@ class Trainer:
                     mfu=mfu(samples_per_s, self.flops_per_sample, self.peak_flops, self.world_size),
                     mem_peak_bytes=peak_memory_bytes(self.device),
                     rank=self.rank,
-                    **self._breakdown(step_time, data_wait),
+                    **breakdown(timing, step_time, data_wait, self.comm_timer),
                 )
                 self.losses.append(loss)
                 self.records.append(record)
                 self.sink.write_step(record)
                 if self.nonfinite:
-                    stop = self._nonfinite_stop(loss, grad_norm)
+                    stop = self.nonfinite_guard.after_step(self, loss, grad_norm)
                     if stop is not None:  # no hook sees this step: nothing is saved from it
                         stopped_by_hook = True
                         break
@@ -376,21 +335,6 @@ class Trainer:
                 hook.on_end(self)
         self._beat("end")
         return self.summary(time.time() - self._started, val_loss)
-
-    def _nonfinite_stop(self, loss: float, grad_norm: float) -> Stop | None:
-        """The step just taken had a NaN/inf loss or grad norm (on some rank) and was not
-        applied: stop the run there, or go on (trainer.on_nonfinite)."""
-        what = f"non-finite loss ({loss:.4g}) or grad norm ({grad_norm:.4g}) at step {self.step}"
-        if self.cfg.on_nonfinite == "skip":
-            log.warning("%s: step skipped, weights unchanged (trainer.on_nonfinite=skip)", what)
-            return None
-        return Stop(
-            f"trainer: {what}; the run stopped there and nothing was committed from it (the "
-            "newest checkpoint holds the last finite state): lower optim.lr or "
-            "optim.grad_clip, or set trainer.on_nonfinite=skip",
-            exit_code=EXIT_NONFINITE,
-            save=False,
-        )
 
     def _beat(self, phase: str) -> None:
         """Progress for the watchdog; before the first step of this run completes, every

@@ -73,14 +73,6 @@ def _plain_state_dict(optimizer: torch.optim.Optimizer, state_dict: dict[str, An
             }
 
 
-def _unpacked_codes(local: torch.Tensor) -> torch.Tensor:
-    """A quantised state's codes, one per element, as (blocks, block_size) int64."""
-    codes = local.codes.view(-1)
-    if codes.numel() * 2 == local.numel():  # 4-bit: two codes per byte, high nibble first
-        codes = torch.stack([codes >> 4, codes & 0b1111], dim=-1)
-    return codes.view(-1, local.block_size).long()
-
-
 def _store_codes(local: torch.Tensor, codes: torch.Tensor, rows: torch.Tensor) -> None:
     """Writes the (blocks, block_size) `codes` of the blocks selected by `rows` (bool)."""
     packed = codes.to(torch.uint8)

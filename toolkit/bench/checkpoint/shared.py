@@ -162,7 +162,7 @@ def bench_job(
         "data=synthetic",
         f"data.seq_len={seq_len}",
         f"trainer.global_batch_size={global_batch}",
-        "data.prefetch=0",
+        "data.num_workers=0",
         *(["checkpoint.enabled=true"] if checkpoint else []),
         "trainer.progress=false",
     ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,55 +12,11 @@ import numpy as np
 from toolkit.config.telemetry import ReportConfig
 from toolkit.telemetry.read import RunData, load_run, node_files
 from toolkit.telemetry.report import analysis, export, model
-from toolkit.telemetry.report.analysis import Attribution, IdleGap, Straggler
+from toolkit.telemetry.report.analysis import Attribution
 from toolkit.telemetry.report.gpustats import GpuStats, gpu_stats
+from toolkit.telemetry.report.record import Report
 from toolkit.telemetry.report.scaled import Scaled, load_scaled
 from toolkit.telemetry.report.verdict import Verdict, diagnose
-
-
-@dataclass
-class Report:
-    run_dir: Path
-    out_dir: Path
-    nodes: list[dict[str, Any]]
-    ranks: list[dict[str, Any]]
-    gpus: list[GpuStats]
-    stragglers: list[Straggler]
-    idle_gaps: list[IdleGap]
-    attribution: Attribution
-    events: list[dict[str, Any]]
-    skipped: list[tuple[str, str]]
-    sacct: dict[str, Any] | None = None
-    sacct_note: str = ""
-    absent: dict[str, str] = field(default_factory=dict)
-    outputs: dict[str, str] = field(default_factory=dict)
-    elapsed_s: float = 0.0
-    verdict: Verdict | None = None
-    profiles: list[str] = field(default_factory=list)  # RUN_DIR/profiles/step<N>/rank<k>.json.gz
-    scale: dict[str, Any] | None = None  # read through per-node summaries: how
-    layout: dict[str, Any] = field(default_factory=dict)  # RUN_DIR/mesh.json: degrees, warnings
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "run_dir": str(self.run_dir),
-            "nodes": self.nodes,
-            "ranks": self.ranks,
-            "gpus": [asdict(g) for g in self.gpus],
-            "stragglers": [asdict(s) for s in self.stragglers],
-            "idle_gaps": [asdict(g) | {"duration_s": g.duration_s} for g in self.idle_gaps],
-            "attribution_s": self.attribution.seconds,
-            "attribution_share": self.attribution.shares(),
-            "skipped": [{"file": p, "reason": why} for p, why in self.skipped],
-            "sacct": self.sacct,
-            "sacct_note": self.sacct_note,
-            "absent": self.absent,
-            "outputs": self.outputs,
-            "num_events": len(self.events),
-            "verdict": self.verdict.to_json() if self.verdict is not None else None,
-            "profiles": self.profiles,
-            **({"scale": self.scale} if self.scale is not None else {}),
-            "layout": self.layout,
-        }
 
 
 def read_layout(run_dir: Path) -> dict[str, Any]:
@@ -222,7 +177,8 @@ def streams(run_dir: Path, cfg: ReportConfig) -> bool:
 
 def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Report:
     """Load, analyse and write every output under out_dir (default RUN_DIR/telemetry/report)."""
-    from toolkit.telemetry.report import html, plots, slurm
+    from toolkit import slurm_cli
+    from toolkit.telemetry.report import html, plots
 
     t0 = time.perf_counter()
     scaled = load_scaled(Path(run_dir), cfg) if streams(Path(run_dir), cfg) else None
@@ -240,7 +196,7 @@ def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Repo
         report.out_dir = out
         if cfg.sacct:
             job_ids = sorted({n.job_id for n in run.nodes if n.job_id})
-            report.sacct, report.sacct_note = slurm.sacct(job_ids[0] if job_ids else "")
+            report.sacct, report.sacct_note = slurm_cli.sacct_summary(job_ids[0] if job_ids else "")
         else:
             report.sacct_note = "Slurm accounting not asked for (--no-sacct)"
         if cfg.export and scaled is None:

@@ -12,7 +12,7 @@ import numpy as np
 
 from toolkit.telemetry.read import RunData, Table
 from toolkit.telemetry.report.analysis import RankSeries
-from toolkit.telemetry.report.plots import _binned, _figure
+from toolkit.telemetry.report.figures import binned, figure
 from toolkit.telemetry.schema import EVAL
 
 
@@ -24,14 +24,14 @@ def training_curves(
         return None
     s = series[min(series)]
     step = s.columns["step"].astype(float)
-    plt, (fig, axes) = _figure(1, 3, figsize=(14, 3.8))
+    plt, (fig, axes) = figure(1, 3, figsize=(14, 3.8))
     for ax, name, title in (
         (axes[0], "loss", "loss"),
         (axes[1], "grad_norm", "grad norm"),
         (axes[2], "lr", "learning rate"),
     ):
         if name in s.columns:
-            x, y = _binned(step, s.columns[name].astype(float), max_points)
+            x, y = binned(step, s.columns[name].astype(float), max_points)
             ax.plot(x, y, lw=0.9, label="train" if name == "loss" else None)
         ax.set_title(title)
         ax.set_xlabel("step")
@@ -58,7 +58,7 @@ def _node_lines(
     for label, t in tables:
         if len(t) == 0 or column not in t:
             continue
-        x, y = _binned((t["time"] - t0) / 60.0, t[column].astype(float) * scale, max_points)
+        x, y = binned((t["time"] - t0) / 60.0, t[column].astype(float) * scale, max_points)
         out.append((label, x, y))
     return out
 
@@ -69,7 +69,7 @@ def _panel_grid(panels: list[tuple[str, list[tuple[str, np.ndarray, np.ndarray]]
         return None
     cols = 2
     rows = (len(panels) + 1) // 2
-    plt, (fig, axes) = _figure(rows, cols, figsize=(14, 3.2 * rows), squeeze=False)
+    plt, (fig, axes) = figure(rows, cols, figsize=(14, 3.2 * rows), squeeze=False)
     for ax, (title, lines) in zip(axes.flat, panels, strict=False):
         for label, x, y in lines:
             ax.plot(x, y, lw=0.7, label=label)
@@ -132,7 +132,7 @@ def gpu_curves(run: RunData, t0: float, path: Path, max_points: int) -> Path | N
         out = []
         for node, cols in nodes:
             if name in cols:
-                x, y = _binned((cols["time"] - t0) / 60.0, cols[name] * scale, max_points)
+                x, y = binned((cols["time"] - t0) / 60.0, cols[name] * scale, max_points)
                 out.append((node, x, y))
         return out
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from toolkit.telemetry.report import tables
 
 if TYPE_CHECKING:
-    from toolkit.telemetry.report.build import Report
+    from toolkit.telemetry.report.record import Report
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222}

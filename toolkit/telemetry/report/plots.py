@@ -9,30 +9,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from toolkit.telemetry.read import RunData
+from toolkit.telemetry.report import curves
 from toolkit.telemetry.report.analysis import RankSeries, blocking_span
+from toolkit.telemetry.report.figures import binned, figure
 from toolkit.telemetry.schema import PREEMPTION, RESTART
 
 if TYPE_CHECKING:
-    from toolkit.telemetry.report.build import Report
-
-
-def _binned(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """Mean of y over equal-count bins of x: at most max_points points per line."""
-    if len(x) <= max_points:
-        return x, y
-    edges = np.linspace(0, len(x), max_points + 1).astype(int)
-    xs = np.add.reduceat(x, edges[:-1]) / np.diff(edges)
-    ys = np.add.reduceat(y, edges[:-1]) / np.diff(edges)
-    return xs, ys
-
-
-def _figure(*args: Any, **kwargs: Any):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt, plt.subplots(*args, **kwargs)
+    from toolkit.telemetry.report.record import Report
 
 
 def step_time_plot(
@@ -40,10 +23,10 @@ def step_time_plot(
 ) -> Path:
     from matplotlib.collections import LineCollection
 
-    plt, (fig, ax) = _figure(figsize=(11, 4.5))
+    plt, (fig, ax) = figure(figsize=(11, 4.5))
     others = []
     for r, s in series.items():
-        x, y = _binned((s.columns["wall_time"] - t0) / 60.0, s.columns["step_time_s"], max_points)
+        x, y = binned((s.columns["wall_time"] - t0) / 60.0, s.columns["step_time_s"], max_points)
         if r in stragglers:
             ax.plot(x, y, lw=1.2, label=f"rank {r} (straggler)", zorder=3)
         else:
@@ -99,7 +82,7 @@ def gpu_heatmap(run: RunData, t0: float, t1: float, path: Path, bins: int = 300)
     util = np.stack([v[0] for v in key.values()])
     power = np.stack([v[1] for v in key.values()])
     height = max(3.0, 0.12 * len(labels) + 1.5)
-    plt, (fig, axes) = _figure(1, 2, figsize=(14, height), sharey=True)
+    plt, (fig, axes) = figure(1, 2, figsize=(14, height), sharey=True)
     extent = (0, (t1 - t0) / 60.0, len(labels), 0)
     for ax, data, title, cmap, unit in (
         (axes[0], util, "GPU utilization", "viridis", "%"),
@@ -126,7 +109,7 @@ def throughput_plot(
     path: Path,
     max_points: int,
 ) -> Path:
-    plt, (fig, ax) = _figure(figsize=(11, 4))
+    plt, (fig, ax) = figure(figsize=(11, 4))
     if series:
         s = series[min(series)]
         for attempt in np.unique(s.attempt):
@@ -139,7 +122,7 @@ def throughput_plot(
             color = None
             for i, (ts, ys) in enumerate(zip(np.split(t, cuts), np.split(y, cuts), strict=True)):
                 points = max(10, max_points * len(ts) // max(1, len(t)))
-                bx, by = _binned((ts - t0) / 60.0, ys, points)
+                bx, by = binned((ts - t0) / 60.0, ys, points)
                 label = f"tokens/s (attempt {attempt})" if i == 0 else None
                 (line,) = ax.plot(bx, by, lw=0.8, label=label, color=color)
                 color = line.get_color()
@@ -209,8 +192,6 @@ def write_plots(
     heat = gpu_heatmap(run, t0, max(t1, t0 + 1), out / "gpu_heatmap.png")
     if heat is not None:
         out_paths["gpu_heatmap_png"] = heat
-    from toolkit.telemetry.report import curves
-
     for key, made in (
         (
             "training_png",

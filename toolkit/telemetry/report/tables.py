@@ -10,7 +10,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from toolkit.telemetry.report.build import Report
+    from toolkit.telemetry.report.record import Report
 
 
 def _ok(x: Any) -> bool:

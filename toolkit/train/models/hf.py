@@ -20,9 +20,9 @@ from toolkit.errors import UserError
 from toolkit.train.models.spec import Batch, ModelSpec, reset_all
 
 
-def build(cfg: HFModelConfig) -> nn.Module:
+def transformers_config(cfg: HFModelConfig):  # -> transformers.PretrainedConfig
     try:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
     except ImportError:
         raise UserError(
             "model.kind=hf_causal_lm needs the transformers package: pip install -e '.[hf]'"
@@ -30,10 +30,15 @@ def build(cfg: HFModelConfig) -> nn.Module:
     fields = dict(cfg.config)
     model_type = str(fields.pop("model_type"))
     try:
-        config = AutoConfig.for_model(model_type, **fields)
+        return AutoConfig.for_model(model_type, **fields)
     except ValueError as exc:
         raise UserError(f"model.config.model_type={model_type}: {exc}") from None
-    return AutoModelForCausalLM.from_config(config)
+
+
+def build(cfg: HFModelConfig) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_config(transformers_config(cfg))
 
 
 def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -76,11 +81,34 @@ def flops_per_sample(cfg: HFModelConfig, seq_len: int) -> float:
     return per_token * seq_len
 
 
+def saved_bytes_per_sample(cfg: HFModelConfig, seq_len: int) -> float:
+    """Activations a Llama-style decoder (Llama, Mistral, Qwen2: RMSNorm, rotary attention
+    through SDPA, SwiGLU MLP) saves for backward, per sample, in fp32 bytes. The elements
+    per token are those transformers' Llama saves, read with torch.autograd's saved-tensor
+    hooks on CPU while varying one width at a time (tests/perfmodel/test_hf_saved.py
+    checks them against that measurement): per layer 8 x hidden (both norms' inputs and
+    outputs, the rotary inputs, q, the attention output before and after o_proj's
+    reshape) + 4 x intermediate (gate, up, SiLU, product) + 2 x the k/v width + one per
+    head (the log-sum-exp) + 2 (the norms' rsqrt); then 3.5 x hidden around the final norm
+    and the vocabulary's logits, kept in fp32 for the loss. No term in seq_len squared:
+    SDPA keeps no attention matrix. Other families (GPT-2's GELU MLP and biases) differ by
+    their own layers' tensors."""
+    config = transformers_config(cfg)
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_width = getattr(config, "num_key_value_heads", None) or heads
+    per_layer = 8 * hidden + 4 * config.intermediate_size + 2 * kv_width * head_dim + heads + 2
+    per_token = layers * per_layer + 3.5 * hidden + config.vocab_size
+    return 4.0 * per_token * seq_len
+
+
 SPEC = ModelSpec(
     name="hf_causal_lm",
     build=build,
     loss=loss,
     init=init,
     flops_per_sample=flops_per_sample,
+    saved_bytes_per_sample=saved_bytes_per_sample,
     unit="tokens",
 )

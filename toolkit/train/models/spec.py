@@ -50,6 +50,9 @@ class ModelSpec:
     # Analytic model FLOPs per sample (config, sequence length) -> FLOPs; None: counted by
     # running the model once on meta tensors (toolkit.perfmodel.counted).
     flops_per_sample: Callable[[Any, int], float] | None = None
+    # With analytic FLOPs: the activations saved for backward per sample (config, sequence
+    # length) -> bytes in fp32; None: left out of the memory estimate (a floor).
+    saved_bytes_per_sample: Callable[[Any, int], float] | None = None
     unit: str = "samples"  # throughput unit: tokens (a sample is seq_len tokens) | samples
     config: type | None = None  # a registered model's own config class (entry points)
 

@@ -1,0 +1,128 @@
+"""What the loop does after a step whose loss or grad norm was NaN/inf (trainer.on_nonfinite).
+
+The step's own all-reduce already told every rank (toolkit.train.loop.Trainer.train_step),
+and the step was not applied to the weights. Then:
+
+    stop      the run ends there: exit 80, one line naming the step; no hook sees the step,
+              so nothing is saved from it.
+    skip      the weights stay as they were; the run goes on with the next batch.
+    rollback  every rank restores the newest committed checkpoint (step s) through the
+              checkpoint hook's resume path (model, optimizer, RNG; toolkit.hooks
+              Hook.restore_finite), then moves on to the bad step b: the step counter,
+              the schedule and the data position are those after step b, so the next step
+              trains on the batch after the bad one, and the batches of steps s+1..b are not
+              trained on again. Those b - s steps count as taken (the run still ends at
+              trainer.steps) and their updates are discarded. A `rollback` event names
+              both steps. Past trainer.max_rollbacks in one attempt, or with no committed
+              checkpoint, the run stops as with stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+import torch
+
+from toolkit.config.trainer import TrainerConfig
+from toolkit.errors import EXIT_NONFINITE
+from toolkit.events import Event, Sink
+from toolkit.hooks import Hook, Stop, TrainerView
+
+log = logging.getLogger(__name__)
+
+
+class Counters(Protocol):
+    step: int
+    tokens_seen: int
+
+
+class GuardedTrainer(TrainerView, Protocol):
+    """What the guard uses of toolkit.train.loop.Trainer."""
+
+    hooks: list[Hook]
+    sink: Sink
+    state: Counters
+    tokens_per_step: int
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    loader: Any  # toolkit.data.loader.Loader: load_state_dict({"next_step": n})
+
+
+class NonfiniteGuard:
+    """One rank's answer to non-finite steps; every rank reaches the same one."""
+
+    def __init__(self, cfg: TrainerConfig):
+        self.cfg = cfg
+        self.num_rollbacks = 0
+
+    def after_step(self, trainer: GuardedTrainer, loss: float, grad_norm: float) -> Stop | None:
+        """The step just counted (trainer.step) was non-finite and not applied: None to go
+        on, else the Stop that ends the run there."""
+        bad_step = trainer.step
+        what = f"non-finite loss ({loss:.4g}) or grad norm ({grad_norm:.4g}) at step {bad_step}"
+        action = self.cfg.on_nonfinite
+        if action == "skip":
+            log.warning("%s: step skipped, weights unchanged (trainer.on_nonfinite=skip)", what)
+            return None
+        if action != "rollback":
+            return stop(what, "lower optim.lr or optim.grad_clip, or set trainer.on_nonfinite=skip")
+        if self.num_rollbacks >= self.cfg.max_rollbacks:
+            return stop(
+                f"{what}, after {self.num_rollbacks} "
+                f"rollback{'' if self.num_rollbacks == 1 else 's'} (trainer.max_rollbacks="
+                f"{self.cfg.max_rollbacks})",
+                "lower optim.lr or optim.grad_clip, or raise trainer.max_rollbacks",
+            )
+        t0 = time.time()
+        path = next(
+            (p for h in trainer.hooks if (p := h.restore_finite(trainer)) is not None), None
+        )
+        if path is None:
+            return stop(
+                f"{what}, and no committed checkpoint to roll back to",
+                "set checkpoint.enabled=true with checkpoint.interval_steps, or lower optim.lr",
+            )
+        self.num_rollbacks += 1
+        restored_step = trainer.step
+        skip_to(trainer, bad_step)
+        log.warning(
+            "%s: rolled back to the checkpoint of step %d (%s); going on after step %d's "
+            "batch (rollback %d of trainer.max_rollbacks=%d)",
+            what,
+            restored_step,
+            path,
+            bad_step,
+            self.num_rollbacks,
+            self.cfg.max_rollbacks,
+        )
+        attrs = {
+            "bad_step": bad_step,
+            "restored_step": restored_step,
+            "checkpoint": path,
+            "skipped_steps": bad_step - restored_step,
+            "rollbacks": self.num_rollbacks,
+            "max_rollbacks": self.cfg.max_rollbacks,
+        }
+        trainer.sink.write_event(Event("rollback", t0, time.time(), bad_step, trainer.rank, attrs))
+        return None
+
+
+def skip_to(trainer: GuardedTrainer, step: int) -> None:
+    """From a restored step on to `step` without training: counter, tokens, schedule and data
+    position move as if those steps ran; the weights stay the restored ones."""
+    skipped = step - trainer.state.step
+    trainer.state.step = step
+    trainer.state.tokens_seen += skipped * trainer.tokens_per_step
+    for _ in range(skipped):
+        trainer.scheduler.step()
+    trainer.loader.load_state_dict({"next_step": step})
+
+
+def stop(what: str, advice: str) -> Stop:
+    return Stop(
+        f"trainer: {what}; the run stopped there and nothing was committed from it (the "
+        f"newest checkpoint holds the last finite state): {advice}",
+        exit_code=EXIT_NONFINITE,
+        save=False,
+    )
