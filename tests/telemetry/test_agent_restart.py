@@ -48,6 +48,7 @@ def test_a_killed_node_agent_is_restarted_and_training_goes_on(tmp_path, start):
     assert len(node_files(run_dir)) == 2  # the new agent's records, beside the first one's
 
 
+@pytest.mark.slow
 def test_a_node_agent_lost_for_good_stops_the_run_with_its_checkpoint(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(
