@@ -7,6 +7,8 @@ import dataclasses
 import subprocess
 import sys
 
+import pytest
+
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import GPTConfig, TimeSeriesConfig
 from toolkit.measure.plan_check import rank_agreement, spearman, spread
@@ -184,6 +186,7 @@ def test_a_pipeline_with_more_micro_batches_wins_over_one_with_a_big_bubble():
     assert by_m[16].prediction.tokens_per_s > 1.2 * by_m[4].prediction.tokens_per_s
 
 
+@pytest.mark.slow
 def test_check_runs_a_spread_of_plans_and_says_whether_the_order_holds(tmp_path):
     proc = subprocess.run(
         [

@@ -94,6 +94,7 @@ def test_a_users_model_replaces_the_cases_preset():
     ]
 
 
+@pytest.mark.slow
 def test_a_variant_that_does_not_compose_is_unavailable_with_the_reason(tmp_path, capsys):
     argv = [
         "lowbit",

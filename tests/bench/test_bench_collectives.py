@@ -65,6 +65,7 @@ def test_hdf5_rows_are_consistent_with_the_formulas(two_rank_run):
         )
 
 
+@pytest.mark.slow
 def test_busbw_below_the_expected_threshold_fails_with_exit_4(tmp_path):
     proc = bench(
         "collectives.ops=[broadcast]",
@@ -108,6 +109,7 @@ def test_inputs_and_checks_work_slice_by_slice(single_rank_group, monkeypatch):
     assert case.wrong() == 1
 
 
+@pytest.mark.slow
 def test_reductions_in_bfloat16_are_checked_on_two_ranks(tmp_path):
     proc = bench(
         "collectives.ops=[all_reduce,reduce_scatter]",
@@ -121,6 +123,7 @@ def test_reductions_in_bfloat16_are_checked_on_two_ranks(tmp_path):
     assert sum(r.wrong for r in rows) == 0
 
 
+@pytest.mark.slow
 def test_baseline_interleaved_adds_its_columns(tmp_path):
     proc = bench(
         "collectives.ops=[all_reduce]",

@@ -3,11 +3,14 @@
 import json
 from itertools import pairwise
 
+import pytest
+
 from toolkit.bench.checkpoint.__main__ import main as checkpoint_bench
 from toolkit.bench.checkpoint.baselines import Neighbour
 from toolkit.bench.checkpoint.stall import summarize_stall
 
 
+@pytest.mark.slow
 def test_stall_runs_every_mode_and_summarizes_lost_time(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
@@ -47,6 +50,7 @@ def test_the_neighbour_uses_the_cpu_seconds_it_is_asked_for():
     assert neighbour.process.exitcode == 0
 
 
+@pytest.mark.slow
 def test_stall_with_a_neighbour_window_reports_the_cost_per_cpu_second(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
@@ -61,6 +65,7 @@ def test_stall_with_a_neighbour_window_reports_the_cost_per_cpu_second(tmp_path)
     assert "save_cpu_s" in result["summary"]["async-idle-overlap-direct"]
 
 
+@pytest.mark.slow
 def test_the_null_dcp_defaults_and_pickle_variants_run_the_same_save_path(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "1", "--steps", "2"]
@@ -80,6 +85,7 @@ def test_the_null_dcp_defaults_and_pickle_variants_run_the_same_save_path(tmp_pa
     assert abs(pickled["size_bytes"] - direct["size_bytes"]) < 100
 
 
+@pytest.mark.slow
 def test_baselines_can_be_measured_in_every_nth_trial_only(tmp_path):
     out = tmp_path / "stall.json"
     argv = ["stall", "--model", "gpt_tiny", "--ranks", "1", "--trials", "3", "--steps", "1"]

@@ -4,6 +4,7 @@ script writes a consolidated model that loads into a fresh, unsharded model."""
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
@@ -22,6 +23,7 @@ def test_pytorch_dcp_to_torch_save_reads_a_checkpoint(checkpointed_run, tmp_path
     assert state["optim"]["state"]["tok_emb.weight"]["exp_avg"].shape == (256, 64)
 
 
+@pytest.mark.slow
 def test_export_script_writes_a_model_that_loads_for_inference(checkpointed_run, tmp_path):
     for fmt, name in (("safetensors", "model.safetensors"), ("torch", "model.pt")):
         out = tmp_path / name

@@ -6,10 +6,13 @@ import json
 import os
 import signal
 
+import pytest
+
 from tests.checkpoint.conftest import CKPT, STEPS, checkpoint_names, launch, logs, losses, wait_for
 from toolkit.errors import EXIT_PREEMPTED
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_at_the_next_step_and_a_relaunch_resumes_bitwise(
     tmp_path, reference, start
 ):

@@ -23,6 +23,7 @@ def strict_json(text: str):
     return json.loads(text, parse_constant=refuse)
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_at_the_first_non_finite_step_and_keeps_the_finite_checkpoint(
     tmp_path,
 ):
@@ -39,6 +40,7 @@ def test_a_diverging_run_stops_at_the_first_non_finite_step_and_keeps_the_finite
     assert summary["exit_code"] == EXIT_NONFINITE and summary["steps"] == 3
 
 
+@pytest.mark.slow
 def test_skip_leaves_the_weights_as_they_were_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     done = launch(

@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.checkpoint.conftest import REPO, env, launch
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, EXIT_CONFIG
 
@@ -35,6 +37,7 @@ def test_a_file_where_metrics_should_be_is_one_line(tmp_path):
     assert f"{run_dir / 'metrics'}: File exists" in line and "remove any file in the way" in line
 
 
+@pytest.mark.slow
 def test_resume_from_a_file_is_one_line(tmp_path):
     done = launch(tmp_path / "run", "checkpoint.enabled=true", "checkpoint.resume_from=/etc/passwd")
     assert done.returncode == EXIT_CHECKPOINT_UNUSABLE

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from tests.checkpoint.conftest import events, logs, wait_for
 from tests.checkpoint.test_resume import rank_process
 from toolkit.errors import EXIT_PREEMPTED, EXIT_SAVE_FAILED
@@ -27,6 +29,7 @@ def stop_with_usr2(start, run_dir, *overrides, when=None):
     return job.returncode, out
 
 
+@pytest.mark.slow
 def test_a_failed_preemption_save_is_retried_and_nothing_committed_is_said(tmp_path, start):
     run_dir = tmp_path / "run"
     code, out = stop_with_usr2(start, run_dir, FULL_DISK)
@@ -39,6 +42,7 @@ def test_a_failed_preemption_save_is_retried_and_nothing_committed_is_said(tmp_p
     assert "failed twice and none is committed" in logs(run_dir)
 
 
+@pytest.mark.slow
 def test_when_the_save_fails_twice_the_newest_committed_one_is_named(tmp_path, start):
     run_dir = tmp_path / "run"
     committed = lambda: [e["step"] for e in events(run_dir, "checkpoint")] == [2]  # noqa: E731
@@ -56,6 +60,7 @@ def test_when_the_save_fails_twice_the_newest_committed_one_is_named(tmp_path, s
     assert "the newest committed one is step 2" in attrs["requeue_decision"]
 
 
+@pytest.mark.slow
 def test_a_signalled_pipeline_stops_every_stage_at_one_step_and_resumes_bitwise(tmp_path, start):
     """pp=2: a signal to the last stage's rank stops both stages at the same step boundary
     (the votes' all-reduce spans every stage), the final checkpoint commits, and a relaunch

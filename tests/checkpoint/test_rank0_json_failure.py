@@ -1,9 +1,12 @@
 """A save whose train state cannot be written on rank 0 alone fails on every rank within the
 save, instead of leaving the other ranks in DCP's collectives until the hang watchdog."""
 
+import pytest
+
 from tests.checkpoint.conftest import CKPT, checkpoint_names, events, losses, wait_for
 
 
+@pytest.mark.slow
 def test_rank_0_failing_its_train_state_fails_the_save_and_training_goes_on(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(run_dir, *CKPT, "fault.data_delay_s=0.3", "checkpoint.keep_last=5")

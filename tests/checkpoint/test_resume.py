@@ -44,6 +44,7 @@ def rank_process(launcher_pid: int, rank: int) -> psutil.Process:
     raise LookupError(f"rank {rank} not running")
 
 
+@pytest.mark.slow
 def test_a_signal_checkpoints_exits_75_and_a_relaunch_resumes_bitwise(tmp_path, reference, start):
     run_dir = tmp_path / "run"
     job = start(run_dir, "checkpoint.enabled=true")
@@ -66,6 +67,7 @@ def test_a_signal_checkpoints_exits_75_and_a_relaunch_resumes_bitwise(tmp_path, 
     assert losses(run_dir) == reference  # bitwise: same floats, every step
 
 
+@pytest.mark.slow
 def test_a_two_rank_checkpoint_resumes_on_one_rank(checkpointed_run, reference, tmp_path):
     run_dir = tmp_path / "one"
     source = checkpointed_run / "checkpoints" / "step-00000004"
@@ -90,6 +92,7 @@ def test_a_two_rank_checkpoint_resumes_on_four_ranks(checkpointed_run, reference
         assert loss == pytest.approx(reference[step], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_touching_save_now_checkpoints_at_the_next_step(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

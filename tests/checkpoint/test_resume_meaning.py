@@ -89,6 +89,7 @@ def test_a_four_rank_run_without_a_global_batch_keeps_it_on_two_ranks(reference,
         assert loss == pytest.approx(reference[step], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_a_change_of_what_is_trained_is_refused_in_one_line_before_any_weight(copy_run):
     run_dir = copy_run()
     done = launch(run_dir, *CKPT, "optim.lr=0.01", "seed=7", "trainer.steps=10")
@@ -103,6 +104,7 @@ def test_a_change_of_what_is_trained_is_refused_in_one_line_before_any_weight(co
     verify(run_dir / "checkpoints" / "step-00000008")  # untouched
 
 
+@pytest.mark.slow
 def test_allowed_and_harmless_changes_resume_and_are_recorded(copy_run):
     run_dir = copy_run()
     done = launch(
@@ -123,6 +125,7 @@ def test_allowed_and_harmless_changes_resume_and_are_recorded(copy_run):
     assert sorted(losses(run_dir)) == [9, 10]
 
 
+@pytest.mark.slow
 def test_a_corrupt_checkpoint_without_fallback_ends_in_one_line(copy_run):
     run_dir = copy_run()
     shard = run_dir / "checkpoints" / "step-00000008" / "__1_0.distcp"
@@ -144,6 +147,7 @@ def test_a_corrupt_checkpoint_without_fallback_ends_in_one_line(copy_run):
         pytest.param(["trainer.eval_every=2", "trainer.target_val_loss=100"], id="target-loss"),
     ],
 )
+@pytest.mark.slow
 def test_stopping_early_saves_a_final_checkpoint_like_the_last_step(tmp_path, stop):
     run_dir = tmp_path / "run"
     done = launch(run_dir, "checkpoint.enabled=true", *stop)

@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 
+import pytest
 import torch
 
 from tests.checkpoint.conftest import CKPT, REPO, checkpoint_names, cli, events, losses
@@ -35,6 +36,7 @@ def launch_poisoned(run_dir, after_steps: list[int], *overrides: str):
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow
 def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_training_finishes(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [3])
@@ -68,6 +70,7 @@ def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_training_finish
     assert all(torch.isfinite(t).all() for t in at_8.values())
 
 
+@pytest.mark.slow
 def test_past_max_rollbacks_the_run_stops_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [3, 5], "trainer.max_rollbacks=1")
@@ -79,6 +82,7 @@ def test_past_max_rollbacks_the_run_stops_in_one_line(tmp_path):
     assert checkpoint_names(run_dir) == ["step-00000002", "step-00000004"]
 
 
+@pytest.mark.slow
 def test_with_no_committed_checkpoint_a_rollback_stops_the_run(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [1])

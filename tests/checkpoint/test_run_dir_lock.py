@@ -41,6 +41,7 @@ def holding(run_dir, call: str = "acquire(Path(sys.argv[1]))") -> subprocess.Pop
     return holder
 
 
+@pytest.mark.slow
 def test_a_second_launch_is_refused_while_the_first_runs_and_the_first_is_intact(
     tmp_path, reference, start
 ):
@@ -111,6 +112,7 @@ def free(run_dir) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_ranks_end_with_their_launcher_checkpointed_and_a_relaunch_resumes(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(run_dir, *CKPT, "checkpoint.interval_steps=100", "fault.data_delay_s=0.3")

@@ -74,6 +74,7 @@ def test_an_older_or_same_release_is_readable(tmp_path, written, running):
     check_torch_version(d, read_manifest(d), running)  # no error
 
 
+@pytest.mark.slow
 def test_resuming_a_newer_torchs_checkpoint_stops_before_any_rank_loads(copy_run):
     run_dir = copy_run()
     for step in (4, 6, 8):

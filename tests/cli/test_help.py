@@ -88,6 +88,7 @@ def test_python_m_launch_help_is_the_same_text(tmp_path):
     assert via_module.startswith("toolkit launch: compose a training job")
 
 
+@pytest.mark.slow
 def test_cfg_package_and_resolve_print_one_subtree(tmp_path):
     done = toolkit(tmp_path, "launch", "--cfg", "job", "--package", "trainer", "trainer.steps=7")
     assert done.returncode == 0, done.stderr
@@ -101,6 +102,7 @@ def test_cfg_package_and_resolve_print_one_subtree(tmp_path):
     assert bad.returncode == 2 and "--resolve" in bad.stderr
 
 
+@pytest.mark.slow
 def test_info_shell_completion_and_hydra_help(tmp_path):
     info = toolkit(tmp_path, "launch", "--info", "searchpath")
     assert info.returncode == 0 and "file://" + str(REPO / "conf") in info.stdout

@@ -46,6 +46,7 @@ def rounds(mode: str) -> dict:
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
+@pytest.mark.slow
 def test_a_freed_buffer_is_reused_without_new_page_faults():
     default = rounds("default")
     # The fewest faults of three runs: the kernel now and then faults a page range in again on

@@ -90,8 +90,9 @@ def runs(tmp_path_factory) -> Runs:
 
 @pytest.mark.parametrize(
     "layout",
-    ["tp2", "dp4", "dp2tp2", pytest.param("hsdp2tp2-accum2", marks=pytest.mark.slow)],
+    ["tp2", "dp4", "dp2tp2", "hsdp2tp2-accum2"],
 )
+@pytest.mark.slow
 def test_a_layout_trains_the_same_model_as_one_rank(runs, layout) -> None:
     one, other = records(runs.layout("one")), records(runs.layout(layout))
     assert sorted(other) == sorted(one) == list(range(1, STEPS + 1))
@@ -101,7 +102,8 @@ def test_a_layout_trains_the_same_model_as_one_rank(runs, layout) -> None:
     assert one[STEPS]["loss"] < one[1]["loss"] - 0.3, "the model must learn"
 
 
-@pytest.mark.parametrize("layout", ["tp2", pytest.param("dp2tp2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("layout", ["tp2", "dp2tp2"])
+@pytest.mark.slow
 def test_a_layout_run_twice_gives_bitwise_the_same_losses(runs, layout) -> None:
     # dp2tp2's first run checkpoints, its second does not: saving does not perturb training.
     again = runs.get(f"{layout}-again", *LAYOUTS[layout])
@@ -110,6 +112,7 @@ def test_a_layout_run_twice_gives_bitwise_the_same_losses(runs, layout) -> None:
     assert [r["grad_norm"] for r in first.values()] == [r["grad_norm"] for r in second.values()]
 
 
+@pytest.mark.slow
 def test_the_run_records_its_layout_and_shards_over_both_dims(runs) -> None:
     run_dir = runs.layout("dp2tp2")
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -132,6 +135,7 @@ def test_the_run_records_its_layout_and_shards_over_both_dims(runs) -> None:
     [("dp4", ["cluster.tasks_per_node=4"]), ("one", ["cluster.tasks_per_node=1"])],
     ids=["to-dp_shard4", "to-one-rank"],
 )
+@pytest.mark.slow
 def test_a_2d_checkpoint_resumes_under_another_layout(runs, name, overrides) -> None:
     source = runs.layout("dp2tp2") / "checkpoints" / f"step-{RESUME_AT:08d}"
     resumed = records(
@@ -152,6 +156,7 @@ def test_a_2d_checkpoint_resumes_under_another_layout(runs, name, overrides) -> 
     assert "parallel.tp: 2 -> 1" in restart["attrs"]["config_changed"]  # allowed, recorded
 
 
+@pytest.mark.slow
 def test_a_checkpoint_without_tp_resumes_under_tp(runs) -> None:
     source = runs.layout("dp4") / "checkpoints" / f"step-{RESUME_AT:08d}"
     resumed = records(
@@ -168,6 +173,7 @@ def test_a_checkpoint_without_tp_resumes_under_tp(runs) -> None:
         assert record["loss"] == pytest.approx(reference[step]["loss"], rel=RTOL), step
 
 
+@pytest.mark.slow
 def test_bf16_and_activation_checkpointing_train_under_tp(runs) -> None:
     bf16 = records(
         runs.get(

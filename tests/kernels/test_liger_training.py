@@ -78,6 +78,7 @@ def test_a_torch_checkpoint_resumes_with_liger(torch_run, tmp_path):
         assert resumed[step] == pytest.approx(losses(torch_run)[step], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_launcher_refuses_liger_under_tensor_parallelism(tmp_path):
     done = launch(tmp_path / "run", *BASE[:1], "model.kernels=liger", "parallel.tp=2")
     assert done.returncode == 2
@@ -85,6 +86,7 @@ def test_the_launcher_refuses_liger_under_tensor_parallelism(tmp_path):
     assert not (tmp_path / "run" / "logs").exists()  # no rank started
 
 
+@pytest.mark.slow
 def test_the_launcher_refuses_liger_on_cpu_without_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # tests.checkpoint.conftest.env() copies it
     done = launch(tmp_path / "run", *BASE[:1], "model.kernels=liger")

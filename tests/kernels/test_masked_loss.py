@@ -121,6 +121,7 @@ def test_opcheck_on_the_custom_ops() -> None:
     torch.library.opcheck(masked_loss._fwd_op, last)  # the model's pred[:, -1], a strided view
 
 
+@pytest.mark.slow
 def test_torch_compile_fullgraph_with_inductor() -> None:
     pred, target, weight = inputs((2, 3, 5))
 

@@ -70,6 +70,7 @@ LSTM = [
 ]
 
 
+@pytest.mark.slow
 def test_perfmodel_predicts_a_user_model_from_its_counted_costs(user_env):
     done = run_module("toolkit.perfmodel", "--json", *LSTM, env=user_env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -78,6 +79,7 @@ def test_perfmodel_predicts_a_user_model_from_its_counted_costs(user_env):
     assert p["flops"]["flops_per_sample"] > 0 and p["fits"]
 
 
+@pytest.mark.slow
 def test_the_planner_offers_a_user_model_only_the_layouts_its_spec_runs(user_env):
     done = run_module(
         "toolkit.plan", *LSTM, "cluster.tasks_per_node=4", "--top", "50", env=user_env, timeout=120

@@ -84,6 +84,7 @@ def test_every_number_must_be_positive():
     ]
 
 
+@pytest.mark.slow
 def test_attention_is_measured_at_each_head_dim_the_presets_use():
     import torch
 

@@ -34,6 +34,7 @@ def run_script(tmp_path: Path, script: str, args: str, *more: str, timeout: floa
     )
 
 
+@pytest.mark.slow
 def test_unmodified_ddp_script_runs_on_two_ranks_with_quoted_args(tmp_path):
     r = run_script(tmp_path, DDP, "[--steps,3,--tag,'a b \"q\" $HOME']")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -45,6 +46,7 @@ def test_unmodified_ddp_script_runs_on_two_ranks_with_quoted_args(tmp_path):
     assert json.loads((run / "summary.json").read_text())["exit_code"] == 0
 
 
+@pytest.mark.slow
 def test_the_records_a_script_logs_reach_its_experiment_tracker(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -59,6 +61,7 @@ def test_the_records_a_script_logs_reach_its_experiment_tracker(tmp_path):
     assert scalars == pytest.approx({s["step"]: s["loss"] for s in logged}, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
     r = run_script(tmp_path, SESSION, "[--steps,4]")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -91,6 +94,7 @@ def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
     assert "completed" in status.stdout
 
 
+@pytest.mark.slow
 def test_a_failing_rank_stops_the_job_with_its_error(tmp_path):
     t0 = time.time()
     r = run_script(tmp_path, DDP, "[--steps,50,--sleep-s,0.2,--fail-rank,1,--fail-at,2]")

@@ -8,6 +8,7 @@ import re
 import signal
 
 import psutil
+import pytest
 
 from tests.checkpoint.conftest import start as start  # noqa: F401 - the fixture
 from tests.checkpoint.conftest import wait_for
@@ -28,6 +29,7 @@ def agents(launcher_pid: int) -> list[psutil.Process]:
     return found
 
 
+@pytest.mark.slow
 def test_a_killed_node_agent_is_restarted_and_training_goes_on(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(
@@ -46,6 +48,7 @@ def test_a_killed_node_agent_is_restarted_and_training_goes_on(tmp_path, start):
     assert len(node_files(run_dir)) == 2  # the new agent's records, beside the first one's
 
 
+@pytest.mark.slow
 def test_a_node_agent_lost_for_good_stops_the_run_with_its_checkpoint(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(

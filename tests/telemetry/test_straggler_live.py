@@ -8,6 +8,7 @@ import json
 import socket
 
 import numpy as np
+import pytest
 
 from tests.conftest import launch
 from toolkit.config.fault import FaultConfig, problems
@@ -38,6 +39,7 @@ def test_the_fault_groups_node_fields_are_checked_at_the_edge():
     ]
 
 
+@pytest.mark.slow
 def test_an_injected_straggler_is_named_with_its_node_and_marked_for_exclusion(tmp_path):
     run_dir = tmp_path / "run"
     done = launch(

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from tests.conftest import REPO, launch
@@ -71,6 +72,7 @@ def hang_texts(run_dir: Path) -> list[dict]:
     return texts
 
 
+@pytest.mark.slow
 def test_a_local_hang_that_ends_the_run_reaches_the_trackers_once(tmp_path, tiny):
     result = launch(
         *tiny,

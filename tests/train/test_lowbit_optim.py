@@ -220,6 +220,7 @@ def test_its_checkpoint_holds_plain_fp32_states_readable_by_the_trusted_loader(l
     assert emb and list(emb[0].size) == [256, 64]  # the whole tensor: reshardable
 
 
+@pytest.mark.slow
 def test_a_resume_on_two_ranks_continues_bitwise(lowbit_run, tmp_path):
     source = lowbit_run / "checkpoints" / "step-00000006"
     done = launch(tmp_path / "two", *LOWBIT, f"checkpoint.resume_from={source}")
@@ -229,6 +230,7 @@ def test_a_resume_on_two_ranks_continues_bitwise(lowbit_run, tmp_path):
     assert resumed == {s: losses(lowbit_run)[s] for s in (7, 8)}  # the same floats
 
 
+@pytest.mark.slow
 def test_a_two_rank_adamw8bit_checkpoint_loads_on_one_rank(lowbit_run, tmp_path):
     source = lowbit_run / "checkpoints" / "step-00000006"
     run_dir = tmp_path / "one"

@@ -127,6 +127,7 @@ def test_every_schedule_matches_one_rank(run, schedule) -> None:
     assert_agree(run(schedule), run("one_4l"))
 
 
+@pytest.mark.slow
 def test_pipeline_with_tensor_parallel_matches_one_rank(tmp_path) -> None:
     """{pp=2 tp=2}: each stage split over two tp ranks; the stage boundary carries the
     sequence-sharded hidden states between ranks of the same tp coordinate."""
@@ -146,6 +147,7 @@ def test_pipeline_with_tensor_parallel_matches_one_rank(tmp_path) -> None:
     assert_agree(tmp_path / "pp2_tp2", reference)
 
 
+@pytest.mark.slow
 def test_time_series_model_pipelines_like_one_rank(tmp_path) -> None:
     common = [
         "experiment=returns",
@@ -167,6 +169,7 @@ def test_time_series_model_pipelines_like_one_rank(tmp_path) -> None:
     assert summary(pp2)["val_ic"] == pytest.approx(summary(one)["val_ic"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_pipeline_trains_in_bf16_with_activation_checkpointing_and_meta_init(tmp_path) -> None:
     result = launch(
         *BASE,

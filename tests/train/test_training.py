@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import launch, losses
 
 
+@pytest.mark.slow
 def test_default_command_trains_and_fills_the_run_dir(tmp_path) -> None:
     run = tmp_path / "run"
     result = launch(
@@ -48,6 +49,7 @@ def test_default_command_trains_and_fills_the_run_dir(tmp_path) -> None:
     assert "run summary" in result.stdout and str(run) in result.stdout
 
 
+@pytest.mark.slow
 def test_fsdp_shards_parameters_across_ranks(tmp_path, tiny) -> None:
     result = launch(*tiny, "cluster.tasks_per_node=2", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -59,6 +61,7 @@ def test_fsdp_shards_parameters_across_ranks(tmp_path, tiny) -> None:
         assert shard["param_bytes_local"] == pytest.approx(total / 2, rel=0.05)
 
 
+@pytest.mark.slow
 def test_same_seed_gives_bitwise_identical_losses(tmp_path, tiny) -> None:
     runs = [tmp_path / "a", tmp_path / "b"]
     for run in runs:
@@ -70,6 +73,7 @@ def test_same_seed_gives_bitwise_identical_losses(tmp_path, tiny) -> None:
     assert losses(other) != losses(runs[0])
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_matches_a_larger_micro_batch(tmp_path, tiny) -> None:
     accumulated, single = tmp_path / "accum", tmp_path / "single"
     r1 = launch(
@@ -82,6 +86,7 @@ def test_gradient_accumulation_matches_a_larger_micro_batch(tmp_path, tiny) -> N
     assert losses(accumulated) == pytest.approx(losses(single), rel=1e-4, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_failing_rank_fails_the_job_fast_with_its_error(tmp_path, tiny) -> None:
     started = time.time()
     result = launch(
@@ -98,6 +103,7 @@ def test_a_failing_rank_fails_the_job_fast_with_its_error(tmp_path, tiny) -> Non
     assert elapsed < 60, "the other rank must not hang in a collective"
 
 
+@pytest.mark.slow
 def test_time_series_transformer_learns_returns(tmp_path) -> None:
     result = launch(
         "experiment=returns",
@@ -112,6 +118,7 @@ def test_time_series_transformer_learns_returns(tmp_path) -> None:
     assert sum(curve[-5:]) / 5 < sum(curve[:5]) / 5
 
 
+@pytest.mark.slow
 def test_bf16_and_activation_checkpointing_train(tmp_path, tiny) -> None:
     result = launch(
         *tiny,
@@ -124,6 +131,7 @@ def test_bf16_and_activation_checkpointing_train(tmp_path, tiny) -> None:
     assert len(curve) == 8 and curve[-1] < curve[0]
 
 
+@pytest.mark.slow
 def test_hsdp_mesh_trains_on_four_ranks(tmp_path, tiny) -> None:
     result = launch(*tiny, "parallel=hsdp", "cluster.tasks_per_node=4", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -138,6 +146,7 @@ def test_compiled_blocks_train(tmp_path, tiny) -> None:
     assert len(losses(tmp_path)) == 8
 
 
+@pytest.mark.slow
 def test_detached_launch_returns_at_once_and_the_run_completes(tmp_path, tiny) -> None:
     started = time.time()
     result = launch(*tiny, "launch.detach=true", f"hydra.run.dir={tmp_path}")

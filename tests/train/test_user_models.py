@@ -84,6 +84,7 @@ def test_a_user_lstm_by_import_path_trains_sharded_in_samples_per_second(lstm_ru
     assert "_target_: userpkg.models.LSTMForecaster" in config and "hidden: 16" in config
 
 
+@pytest.mark.slow
 def test_the_user_model_run_has_telemetry_a_report_a_listing_and_an_export(lstm_run, tmp_path):
     node_files = list((lstm_run / "telemetry").glob("*.h5"))
     assert node_files, "no node telemetry file"
@@ -122,6 +123,7 @@ def test_the_user_model_run_has_telemetry_a_report_a_listing_and_an_export(lstm_
     model.load_state_dict(tensors)  # the user's own class loads the consolidated weights
 
 
+@pytest.mark.slow
 def test_a_two_rank_user_checkpoint_resumes_on_one_rank(lstm_run, tmp_path):
     reference = losses(lstm_run)
     source = lstm_run / "checkpoints" / "step-00000004"
@@ -139,6 +141,7 @@ def test_a_two_rank_user_checkpoint_resumes_on_one_rank(lstm_run, tmp_path):
         assert loss == pytest.approx(reference[step - 1], abs=1e-4)  # reduction order differs
 
 
+@pytest.mark.slow
 def test_a_preempted_user_model_checkpoints_and_resumes_bitwise(lstm_run, tmp_path):
     from tests.checkpoint.test_resume import rank_process
     from toolkit.errors import EXIT_PREEMPTED
@@ -173,6 +176,7 @@ def test_a_preempted_user_model_checkpoints_and_resumes_bitwise(lstm_run, tmp_pa
     assert [after[s] for s in range(1, 9)] == losses(lstm_run)  # bitwise, every step
 
 
+@pytest.mark.slow
 def test_a_hung_rank_of_a_user_model_is_caught_by_the_watchdog(tmp_path):
     from toolkit.errors import EXIT_HANG
 
@@ -191,6 +195,7 @@ def test_a_hung_rank_of_a_user_model_is_caught_by_the_watchdog(tmp_path):
     assert any((tmp_path / "hangs").iterdir())
 
 
+@pytest.mark.slow
 def test_a_user_model_trains_on_a_user_dataset_from_the_command_line_alone(tmp_path):
     model = [o for o in LSTM if o.startswith("model.")]
     done = launch(
@@ -214,6 +219,7 @@ def test_a_user_model_trains_on_a_user_dataset_from_the_command_line_alone(tmp_p
     assert json.loads((tmp_path / "summary.json").read_text())["val_loss"] is not None
 
 
+@pytest.mark.slow
 def test_a_tiny_hf_llama_trains_sharded_by_decoder_layer(tmp_path):
     done = launch(
         tmp_path,
@@ -232,6 +238,7 @@ def test_a_tiny_hf_llama_trains_sharded_by_decoder_layer(tmp_path):
     assert shard["param_bytes_local"] == pytest.approx(shard["param_bytes_total"] / 2, rel=0.05)
 
 
+@pytest.mark.slow
 def test_a_tiny_hf_llama_checkpoint_resumes_bitwise(tmp_path):
     hf = ["model=hf_llama_tiny", "data.seq_len=32", "trainer.progress=false"]
     whole = launch(tmp_path / "whole", *hf, "trainer.steps=6")
@@ -246,6 +253,7 @@ def test_a_tiny_hf_llama_checkpoint_resumes_bitwise(tmp_path):
     assert [resumed[s] for s in range(1, 7)] == losses(tmp_path / "whole")  # bitwise
 
 
+@pytest.mark.slow
 def test_a_model_registered_by_entry_point_is_found_and_its_options_checked(tmp_path):
     dist = FIXTURES / "userpkg_dist"  # userpkg's installed metadata: its entry points
     series = [o for o in LSTM if not o.startswith("model.")]
