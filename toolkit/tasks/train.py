@@ -102,15 +102,15 @@ def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
     )
 
 
+def telemetry_sink_of(sinks: list[Sink]) -> TelemetrySink | None:
+    """This rank's telemetry sink among the trainer's sinks, if it has one."""
+    return next((s for s in sinks if isinstance(s, TelemetrySink)), None)
+
+
 def heartbeat_of(sinks: list[Sink]) -> Heartbeat | None:
     """This rank's heartbeat, when its telemetry sink has one (the watchdog is on)."""
-    return next((s.heartbeat for s in sinks if isinstance(s, TelemetrySink) and s.heartbeat), None)
-
-
-def telemetry_sink_of(sink: Sink) -> TelemetrySink | None:
-    """This rank's telemetry sink inside the trainer's fan-out, if it has one."""
-    found = [s for s in getattr(sink, "sinks", [sink]) if isinstance(s, TelemetrySink)]
-    return found[0] if found else None
+    telemetry = telemetry_sink_of(sinks)
+    return telemetry.heartbeat if telemetry is not None else None
 
 
 def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list[Hook]:
@@ -120,7 +120,8 @@ def build_hooks(job: JobConfig, env: DistEnv, run_dir: Path, sink: Sink) -> list
     hooks = build_checkpoint_hooks(job, env, run_dir, sink)
     hooks += build_node_hooks(job, env, run_dir, sink)
     if job.telemetry.enabled and job.telemetry.on_agent_lost == "stop":
-        hooks.append(StopWhenAgentLost(telemetry_sink_of(sink), job.telemetry.agent_restarts))
+        telemetry = telemetry_sink_of(getattr(sink, "sinks", [sink]))  # inside the Fanout
+        hooks.append(StopWhenAgentLost(telemetry, job.telemetry.agent_restarts))
     hooks += build_callbacks(job.trainer.callbacks)  # the user's own, after the toolkit's
     if profiling_configured(job.telemetry):
         hooks.append(ProfileHook(job.telemetry, run_dir, sink))
