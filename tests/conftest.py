@@ -16,6 +16,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,23 @@ class SlurmCluster:
             text=True,
             timeout=timeout_s,
         )
+
+    def release_requeued(self, job_id: str, restarts: int = 1, timeout_s: float = 120) -> None:
+        """Make a detached job, requeued from inside itself, eligible now, as a user in a
+        hurry would: Slurm holds such a job its AuthInfo cred_expire (120 s) and nothing
+        outside the job is there to lift it (docs/slurm.md). Waits for the requeue first."""
+        from toolkit import slurm_cli
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            out = self.run("scontrol", "show", "job", "-o", job_id).stdout
+            records = slurm_cli.parse_show_job(out)
+            if records and records[0].state == "PENDING" and records[0].restarts >= restarts:
+                update = ("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+                if self.run(*update).returncode == 0:
+                    return
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} was not requeued ({restarts}) within {timeout_s} s")
 
 
 def _unavailable(reason: str) -> None:

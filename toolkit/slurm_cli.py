@@ -17,6 +17,7 @@ import logging
 import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -63,16 +64,32 @@ class SlurmCommandError(RuntimeError):
     """A Slurm command that is missing, timed out or failed; the message is one line."""
 
 
+# `scontrol requeue` of the job it runs in makes Slurm send SIGTERM to every process of the
+# job, that scontrol among them, often before it has read the answer ("died with SIGTERM":
+# the requeue went through, the caller cannot tell, and the StartTime=now that follows is
+# never sent, so the job waits out Slurm's ~120 s hold). Such commands start with SIGTERM
+# ignored: a disposition set to SIG_IGN survives exec, and SIGKILL after KillWait still ends
+# them. (subprocess's preexec_fn would do it in the child, but is unsafe in a threaded rank.)
+_IGNORING_SIGTERM = (
+    "import os, signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
+
+
 def run(
-    *args: str, timeout_s: float = TIMEOUT_S, check: bool = False
+    *args: str, timeout_s: float = TIMEOUT_S, check: bool = False, outlive_term: bool = False
 ) -> subprocess.CompletedProcess:
     """Run one Slurm command and capture its text. SlurmCommandError when the command is not
-    on PATH, does not answer within timeout_s, or (check=True) exits non-zero."""
+    on PATH, does not answer within timeout_s, or (check=True) exits non-zero.
+    `outlive_term`: the command ignores SIGTERM (for commands that end the caller's job)."""
     command = " ".join(args[:3])
+    argv = list(args)
+    if outlive_term:
+        if shutil.which(args[0]) is None:
+            raise SlurmCommandError(f"{args[0]}: not found on PATH")
+        argv = [sys.executable, "-I", "-S", "-c", _IGNORING_SIGTERM, *argv]
     try:
-        done = subprocess.run(
-            list(args), capture_output=True, text=True, timeout=timeout_s, check=False
-        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
     except FileNotFoundError:
         raise SlurmCommandError(f"{args[0]}: not found on PATH") from None
     except subprocess.TimeoutExpired:
@@ -395,13 +412,18 @@ RESTART_AFTER_KILL_S = 2.0
 
 def requeue_job(job_id: str) -> None:
     """`scontrol requeue`; SlurmCommandError (one line: what scontrol said) when it failed."""
-    run("scontrol", "requeue", job_id, check=True)
+    run("scontrol", "requeue", job_id, check=True, outlive_term=True)
 
 
 def requeue(job_id: str, exclude: list[str] | None = None) -> bool:
     """`scontrol requeue` the job, then make it eligible now (Slurm otherwise delays a
-    requeued job's start by ~120 s), with `exclude` as its ExcNodeList when given (Slurm
-    takes it only while the job is pending). Returns whether the requeue itself succeeded."""
+    requeued job's start by its AuthInfo cred_expire, 120 s by default), with `exclude` as
+    its ExcNodeList when given (Slurm takes it only while the job is pending). Returns
+    whether the requeue itself succeeded.
+
+    Asked from inside the job, the requeue takes effect only once every process of the job
+    has ended, and Slurm sets the hold then, over any StartTime sent before: such a job waits
+    out the hold unless a launcher that follows it from outside sends the update (it does)."""
     try:
         requeue_job(job_id)
     except SlurmCommandError as exc:
@@ -431,7 +453,7 @@ def update_pending(
     done = None
     for attempt in range(tries):
         try:
-            done = run(*args)
+            done = run(*args, outlive_term=True)
         except SlurmCommandError as exc:
             log.warning("%s failed: %s", " ".join(args), exc)
             return False

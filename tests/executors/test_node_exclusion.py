@@ -241,13 +241,7 @@ def test_a_detached_jobs_next_attempt_records_the_node_failure_itself(
     wait_for(held, 180, "the job to hold at its step-10 save")
     down = slurm_cluster.run("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=detached")
     assert down.returncode == 0, down.stderr
-    # Slurm holds the requeued job ~120 s; a user in a hurry (this test) releases it.
-    pending = lambda: "Restarts=1" in slurm_cluster.run("scontrol", "show", "job", job_id).stdout  # noqa: E731
-    wait_for(pending, 120, "Slurm's requeue after NODE_FAIL")
-    wait_for(
-        lambda: slurm_cluster.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-        .returncode == 0, 60, "the requeued job to take StartTime=now",
-    )  # fmt: skip
+    slurm_cluster.release_requeued(job_id)  # Slurm's requeue after NODE_FAIL, then its hold
     wait_for(lambda: attempts(slurm_cluster, job_id)[-1][0] == "COMPLETED", 300, "completion")
     (entry,) = json.loads((run_dir / "excluded_nodes.json").read_text())["nodes"]
     assert (entry["node"], entry["source"], entry["attempt"]) == ("n2", "slurm", 0)

@@ -77,6 +77,7 @@ def test_usr2_checkpoints_requeues_and_resumes_bitwise(slurm_cluster, tmp_path, 
     # The end time is ~10 minutes away: this is a preemption, not the time limit.
     assert preemption["attrs"]["reason"] == "preemption"
 
+    slurm_cluster.release_requeued(job_id)
     wait_for(lambda: events(run_dir, "restart"), 240, "the requeued job to resume")
     restart = events(run_dir, "restart")[0]
     assert restart["step"] == preemption["step"]

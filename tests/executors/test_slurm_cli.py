@@ -4,6 +4,7 @@ its one wrapper fails: one line when a command is missing or does not answer."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,12 @@ def test_a_missing_silent_or_failing_command_is_one_line(monkeypatch):
     assert slurm_cli.node_states() == {} and slurm_cli.attempts("7") == []
     assert slurm_cli.node_events(["n1"], "2026-01-01T00:00:00") == []
     assert slurm_cli.state_word("7") is None and slurm_cli.end_time("7") is None
+
+
+def test_a_command_that_ends_its_own_job_outlives_the_sigterm_of_that_end():
+    # `scontrol requeue` of the job it runs in: Slurm's SIGTERM to every process of the job
+    # reaches that scontrol too; run this way it still reads and reports the answer.
+    kills_itself = ("sh", "-c", "kill -TERM $$; echo answered")
+    assert slurm_cli.run(*kills_itself).returncode == -signal.SIGTERM
+    outlived = slurm_cli.run(*kills_itself, outlive_term=True)
+    assert (outlived.returncode, outlived.stdout) == (0, "answered\n")

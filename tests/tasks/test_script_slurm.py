@@ -69,6 +69,7 @@ def test_usr2_saves_requeues_and_resumes_with_the_uninterrupted_losses(
     assert slurm_cluster.run("scancel", "--signal=USR2", job_id).returncode == 0
 
     wait_for(lambda: list((run_dir / "checkpoints").glob("rank*.pt")), 60, "the script's save")
+    slurm_cluster.release_requeued(job_id)
     wait_for(lambda: attempts(slurm_cluster, job_id)[-1][0] == "COMPLETED", 300, "completion")
     assert [state for state, _ in attempts(slurm_cluster, job_id)] == ["REQUEUED", "COMPLETED"]
     out = "".join(p.read_text() for p in (run_dir / "slurm").glob("*_0_log.out"))

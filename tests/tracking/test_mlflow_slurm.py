@@ -25,6 +25,7 @@ def test_a_requeued_job_continues_its_mlflow_run(slurm_cluster, tmp_path, mlflow
         f"tracking.mlflow_tracking_uri={server.uri}",
         "tracking.experiment=requeue",
     )
+    slurm_cluster.release_requeued(job_id)
     wait_for(lambda: events(run_dir, "restart"), 240, "the requeued job to resume")
     wait_for(lambda: job_state(slurm_cluster, job_id) == "COMPLETED", 300, "job completion")
 
