@@ -31,13 +31,14 @@ class GemmPoint:
 
 @dataclass
 class AttentionPoint:
-    """Achieved causal SDPA (forward + backward) FLOP/s, counting the executed (causal) FLOPs,
-    as a fraction of the dtype's peak."""
+    """Achieved SDPA (forward + backward) FLOP/s, counting the executed FLOPs (causal: half of
+    the score matrix), as a fraction of the dtype's peak."""
 
     seq_len: int = 1
     head_dim: int = 64
     dtype: str = "float32"
     fraction: float = 1.0
+    causal: bool = True
 
 
 @dataclass
@@ -82,6 +83,11 @@ class HardwareConfig:
     # forward + backward) when the profile was measured; a benchmark that runs the probe
     # again says how much faster or slower the machine is now. 0: not measured (presets).
     probe_s: float = 0.0
+    # Streaming multiprocessors per device (datasheet). > 0 turns on the GEMM size ramp of
+    # toolkit.perfmodel.kernels.gemm_seconds (tile and wave quantization, memory bound): the
+    # `matmul` table then holds large-GEMM ceilings. 0: the table is taken as it is (CPU; a
+    # measured profile, whose table already holds each shape's own rate).
+    num_sms: int = 0
     matmul: list[GemmPoint] = field(default_factory=list)
     attention: list[AttentionPoint] = field(default_factory=list)
 
@@ -93,8 +99,13 @@ class HardwareConfig:
         shapes = [((p.m, p.n, p.k), p.dtype, p.fraction) for p in self.matmul]
         return nearest_fraction(shapes, (m, n, k), dtype)
 
-    def attention_fraction(self, seq_len: int, head_dim: int, dtype: str) -> float:
-        shapes = [((p.seq_len, p.head_dim), p.dtype, p.fraction) for p in self.attention]
+    def attention_fraction(
+        self, seq_len: int, head_dim: int, dtype: str, causal: bool = True
+    ) -> float:
+        """The nearest (seq_len, head_dim) point of the same masking (causal or not) where the
+        table has one; 1.0 without a table."""
+        points = [p for p in self.attention if p.causal == causal] or self.attention
+        shapes = [((p.seq_len, p.head_dim), p.dtype, p.fraction) for p in points]
         return nearest_fraction(shapes, (seq_len, head_dim), dtype)
 
 
@@ -123,6 +134,7 @@ MAY_BE_ZERO = (
     "threaded_op_overhead_s",
     "uncertainty",
     "probe_s",
+    "num_sms",
     "intra_node_latency_s",
     "inter_node_latency_s",
 )

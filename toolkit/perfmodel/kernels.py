@@ -1,8 +1,11 @@
 """Time of one rank's kernels, term by term (pure arithmetic).
 
-* GEMMs at the achievable rate of their own shape (`HardwareConfig.matmul_fraction`);
-* causal attention (SDPA) at the attention table's rate, counting the FLOPs it executes
-  (about half of full attention: the masked half of the score matrix is skipped);
+* GEMMs at the achievable rate of their own shape (`HardwareConfig.matmul_fraction`); on a
+  GPU preset (`num_sms > 0`) the table holds large-GEMM ceilings and the shape's own rate
+  follows from tile and wave quantization and the memory bound (`gemm_seconds`);
+* causal attention (SDPA) at the attention table's rate for its sequence length, head dim
+  and masking, counting the FLOPs it executes (about half of full attention: the masked half
+  of the score matrix is skipped);
 * the non-GEMM kernels (LayerNorm, GELU, residual adds, layout copies, embedding, the loss)
   charged by the bytes they move at `memory_bandwidth * elementwise_fraction`;
 * the optimizer and gradient clipping by the bytes the foreach kernels move;
@@ -17,8 +20,14 @@ from __future__ import annotations
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import TransformerConfig
+from toolkit.perfmodel.comm import DTYPE_BYTES
 
 FP32 = 4
+# Output tiles (rows x columns of C) of cuBLAS's larger GEMM kernels: NVIDIA, "Matrix
+# Multiplication Background User's Guide" (DU-09799-001), sections 2.3 and 3. One tile per SM
+# at a time; the last wave of tiles may leave SMs idle (wave quantization) and a partial
+# tile computes padding (tile quantization). The heuristic picks the tile that fills best.
+GEMM_TILES = ((256, 128), (128, 256), (128, 128))
 # Non-GEMM bytes of one block's forward, in units of tokens*dim*bytes (r = mlp_ratio):
 # LayerNorm x2 (read+write: 4), residual adds x2 (2 reads + 1 write: 6), the attention
 # output's transpose+reshape copy (2), GELU (read+write r wide: 2r).
@@ -85,8 +94,32 @@ def backward_shapes(m: int, n: int, k: int) -> list[tuple[int, int, int]]:
     return [(m, k, n), (n, k, m)]
 
 
+def wave_efficiency(m: int, n: int, num_sms: int) -> float:
+    """Share of the SMs' tile slots an (m x n) output fills, for the best of `GEMM_TILES`:
+    useful m*n over waves x SMs x tile area (tile and wave quantization)."""
+
+    def filled(tile: tuple[int, int]) -> float:
+        tiles = shard(m, tile[0]) * shard(n, tile[1])
+        waves = shard(tiles, num_sms)
+        return m * n / (waves * num_sms * tile[0] * tile[1])
+
+    return max(filled(t) for t in GEMM_TILES)
+
+
+def gemm_bytes(m: int, n: int, k: int, dtype: str) -> float:
+    """Bytes a GEMM must move at least: read A (m x k) and B (k x n), write C (m x n)."""
+    return (m * k + k * n + m * n) * DTYPE_BYTES[dtype]
+
+
 def gemm_seconds(m: int, n: int, k: int, dtype: str, hw: HardwareConfig) -> float:
-    return 2.0 * m * n * k / (hw.peak_flops(dtype) * hw.matmul_fraction(m, n, k, dtype))
+    """2mnk FLOPs at the table's fraction of the peak. With `num_sms` (GPU presets) the table
+    is the large-GEMM ceiling, scaled by the shape's wave efficiency, and the GEMM takes at
+    least its bytes' time at memory bandwidth (the roofline)."""
+    rate = hw.peak_flops(dtype) * hw.matmul_fraction(m, n, k, dtype)
+    if hw.num_sms <= 0:
+        return 2.0 * m * n * k / rate
+    compute = 2.0 * m * n * k / (rate * wave_efficiency(m, n, hw.num_sms))
+    return max(compute, gemm_bytes(m, n, k, dtype) / hw.memory_bandwidth)
 
 
 def forward_backward_gemm_s(m: int, n: int, k: int, dtype: str, hw: HardwareConfig) -> float:
@@ -136,11 +169,13 @@ def block_attention_s(
     tp: int = 1,
 ) -> float:
     """One block's causal SDPA for one micro-step on one of `tp` ranks (num_heads / tp
-    heads each)."""
+    heads each), at the attention table's causal rate."""
     per_block = causal_attention_flops(model, tokens, seq_len) / model.num_layers / tp
     executed = per_block * (4.0 / 3.0 if recompute else 1.0)
     head_dim = model.dim // model.num_heads
-    return executed / (hw.peak_flops(dtype) * hw.attention_fraction(seq_len, head_dim, dtype))
+    return executed / (
+        hw.peak_flops(dtype) * hw.attention_fraction(seq_len, head_dim, dtype, causal=True)
+    )
 
 
 def cross_entropy_bytes_per_logit(act_bytes: int) -> float:

@@ -54,9 +54,15 @@ def gemm_table(
 def attention_table(
     rates: list[tuple[int, int, str, float]], peaks: dict[str, float]
 ) -> list[AttentionPoint]:
+    """(seq_len, head_dim, dtype, FLOP/s) of causal SDPA (what kernel_rates measures) ->
+    causal points with the fraction of that dtype's peak."""
     return [
         AttentionPoint(
-            seq_len=s, head_dim=h, dtype=dtype, fraction=round(min(1.0, r / peaks[dtype]), 4)
+            seq_len=s,
+            head_dim=h,
+            dtype=dtype,
+            fraction=round(min(1.0, r / peaks[dtype]), 4),
+            causal=True,
         )
         for s, h, dtype, r in rates
     ]
