@@ -4,12 +4,16 @@ and a measured profile replacing the ramp. Every value is worked out by hand in 
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.hardware import AttentionPoint, GemmPoint, HardwareConfig, load_profile
 from toolkit.config.model import GPTConfig
 from toolkit.perfmodel import kernels, profile
+from toolkit.perfmodel.__main__ import main as perfmodel
 
 
 def gpu(num_sms: int = 4, memory_bandwidth: float = 1e13) -> HardwareConfig:
@@ -144,3 +148,30 @@ def test_small_gemms_on_a_gpu_preset_run_far_below_large_ones():
     hw = to_job(compose_raw(["hardware=h100"])).hardware
     small = 2.0 * 1024 * 256 * 256 / kernels.gemm_seconds(1024, 256, 256, "bfloat16", hw)
     assert small / hw.peak_flops_bf16 == pytest.approx(0.828 * 262144 / (132 * 16384))
+
+
+def test_perfmodel_predicts_from_a_measured_gpu_profile_instead_of_the_preset(tmp_path, capsys):
+    # A profile as toolkit.measure.hardware writes it for this GPU: the preset's datasheet
+    # numbers, its own one-point tables, num_sms 0. Halving the measured GEMM rate doubles
+    # the gemm term exactly (no ramp, no ceiling), and the preset's own ramp gives neither.
+    h100 = to_job(compose_raw(["hardware=h100"])).hardware
+    (tmp_path / "hardware").mkdir()
+    for name, fraction in (("fast", 0.8), ("slow", 0.4)):
+        measured = dataclasses.replace(
+            h100,
+            name=name,
+            num_sms=0,
+            matmul=[GemmPoint(4096, 4096, 4096, "bfloat16", fraction)],
+            attention=[AttentionPoint(2048, 64, "bfloat16", fraction / 2)],
+        )
+        (tmp_path / "hardware" / f"{name}.yaml").write_text(
+            profile.profile_yaml(measured, ["measured"])
+        )
+    terms = {}
+    for name in ("fast", "slow", "h100"):
+        args = ["-cd", str(tmp_path), "--json", "model=gpt_small", "precision=bf16"]
+        assert perfmodel([*args, f"hardware={name}"]) == 0
+        terms[name] = json.loads(capsys.readouterr().out)["time"]
+    assert terms["slow"]["gemm_s"] == pytest.approx(2 * terms["fast"]["gemm_s"])
+    assert terms["slow"]["attention_s"] == pytest.approx(2 * terms["fast"]["attention_s"])
+    assert terms["h100"]["gemm_s"] != pytest.approx(terms["fast"]["gemm_s"])
