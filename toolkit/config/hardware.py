@@ -53,6 +53,10 @@ class HardwareConfig:
     nics_per_node: int = 1  # rails: a node's inter-node bandwidth is NICs x per-NIC
     intra_node_latency_s: float = 2.0e-5  # per collective call
     inter_node_latency_s: float = 5.0e-5
+    # per ring step / tree level of a collective, inside a node and across nodes (NCCL's
+    # hwLatencies); 0: the call latency is the whole latency (gloo's, measured per call)
+    intra_node_step_latency_s: float = 0.0
+    inter_node_step_latency_s: float = 0.0
     host_device_bandwidth: float = 2.0e10  # bytes/s host<->device (CPU: memory bandwidth)
     elementwise_fraction: float = 1.0  # norm/activation/loss kernels, of memory_bandwidth
     op_overhead_s: float = 1.0e-5  # per kernel launch / eager op dispatch
@@ -125,6 +129,8 @@ MAY_BE_ZERO = (
     "probe_s",
     "intra_node_latency_s",
     "inter_node_latency_s",
+    "intra_node_step_latency_s",
+    "inter_node_step_latency_s",
 )
 
 
