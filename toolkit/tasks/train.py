@@ -422,8 +422,7 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
             (run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
     finally:
         trainer.sink.close()
-        if trainer.comm_timer is not None:
-            trainer.comm_timer.uninstall()
+        trainer.watch.uninstall()
     if env.is_rank0:
         print_summary(summary)
     stop = trainer.stop
