@@ -162,6 +162,9 @@ def problems(hw: HardwareConfig) -> list[str]:
     return found
 
 
+ADDED_LATER = ("intra_node_step_latency_s", "inter_node_step_latency_s")
+
+
 def load_profile(path: Path) -> HardwareConfig:
     """A hardware profile file (as written by `python -m toolkit.measure.hardware`): every field
     of the schema must be present; a missing or misspelled field is one ConfigError line."""
@@ -176,6 +179,10 @@ def load_profile(path: Path) -> HardwareConfig:
         raise ConfigError([f"{path}: a hardware profile is a mapping of fields"])
     data.pop("defaults", None)
     names = [f.name for f in dataclasses.fields(HardwareConfig)]
+    # Fields added after a profile could have been measured, with the value a measurement
+    # writes (0: the measured call latency is the whole latency), so an older profile loads.
+    for name in ADDED_LATER:
+        data.setdefault(name, 0.0)
     missing = [n for n in names if n not in data]
     unknown = [k for k in data if k not in names]
     found = []
