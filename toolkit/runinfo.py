@@ -56,13 +56,9 @@ def torch_versions() -> dict[str, Any]:
 
 def packages() -> list[str]:
     """`pip freeze` without a subprocess: name==version of every installed distribution."""
-    return sorted(
-        {
-            f"{d.metadata['Name']}=={d.version}"
-            for d in metadata.distributions()
-            if d.metadata["Name"]
-        }
-    )
+    # Each `.metadata` parses the distribution's METADATA file anew: read it once per package.
+    found = (d.metadata for d in metadata.distributions())
+    return sorted({f"{m['Name']}=={m['Version']}" for m in found if m["Name"]})
 
 
 def snapshot() -> dict[str, Any]:

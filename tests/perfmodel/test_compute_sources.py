@@ -175,3 +175,16 @@ def test_perfmodel_predicts_from_a_measured_gpu_profile_instead_of_the_preset(tm
     assert terms["slow"]["gemm_s"] == pytest.approx(2 * terms["fast"]["gemm_s"])
     assert terms["slow"]["attention_s"] == pytest.approx(2 * terms["fast"]["attention_s"])
     assert terms["h100"]["gemm_s"] != pytest.approx(terms["fast"]["gemm_s"])
+
+
+def test_a_profile_measured_before_num_sms_and_causal_existed_still_loads(tmp_path):
+    # An older profile has neither `num_sms` nor `causal` in its attention points: it loads
+    # with num_sms 0 (its table as it is) and causal points (what kernel_rates measures).
+    hw = HardwareConfig(name="old", attention=[AttentionPoint(512, 64, "float32", 0.4)])
+    text = profile.profile_yaml(hw, ["measured before the fields existed"])
+    old = [line for line in text.splitlines() if "num_sms:" not in line and "causal:" not in line]
+    path = tmp_path / "old.yaml"
+    path.write_text("\n".join(old))
+    loaded = load_profile(path)
+    assert loaded.num_sms == 0
+    assert loaded.attention == [AttentionPoint(512, 64, "float32", 0.4, causal=True)]

@@ -13,6 +13,7 @@ from toolkit.config.model import GPTConfig
 from toolkit.perfmodel import (
     Layout,
     balanced_split,
+    comm,
     kernels,
     layer_costs,
     layout_from_job,
@@ -89,7 +90,9 @@ def test_tp_collectives_per_micro_step_with_sequence_parallelism():
         TINY, blocks=2, embedding=True, head=True, tokens=1024, act_bytes=4, tp=1, recompute=False
     ) == {"calls": 0, "bytes": 0.0, "allreduce_calls": 0, "allreduce_bytes": 0.0}
     # seconds: every call pays its latency, nothing overlaps
-    assert tp.collectives_s(c, 1e9, 1e-5) == pytest.approx(22 * 1e-5 + (20 * 131072 + 8192) / 1e9)
+    # (a 2-rank group in one node: ring, no per-step latency on the CPU-like link)
+    group = comm.Span(ranks=2, ranks_per_node=2, bus_bandwidth=1e9, call_latency_s=1e-5)
+    assert tp.collectives_s(c, group) == pytest.approx(22 * 1e-5 + (20 * 131072 + 8192) / 1e9)
 
 
 def test_tp_collectives_are_on_the_critical_path_of_the_step():

@@ -35,6 +35,17 @@ def test_a_profile_missing_a_field_is_one_line(tmp_path):
     assert "missing field(s) memory_bandwidth" in err.value.problems[0]
 
 
+def test_a_profile_measured_before_the_per_step_latencies_existed_still_loads(tmp_path):
+    hw = HardwareConfig(name="old", intra_node_latency_s=2e-5)
+    text = profile.profile_yaml(hw, ["measured before the fields existed"])
+    old = [line for line in text.splitlines() if "_step_latency_s:" not in line]
+    path = tmp_path / "old.yaml"
+    path.write_text("\n".join(old))
+    loaded = load_profile(path)
+    assert (loaded.intra_node_step_latency_s, loaded.inter_node_step_latency_s) == (0.0, 0.0)
+    assert loaded.intra_node_latency_s == 2e-5
+
+
 def test_a_profile_with_a_bad_fraction_names_the_entry(tmp_path):
     hw = HardwareConfig(matmul=[GemmPoint(64, 64, 64, "float32", 1.5)])
     with pytest.raises(ConfigError) as err:

@@ -131,11 +131,13 @@ def test_first_gather_and_last_reduce_are_exposed_and_the_rest_hides_behind_comp
         "replica_allreduce_calls": 0,
         "small_allreduce_calls": 2,
     }
-    link = comm.Links(1e9, 1e-5, 1e9, 1e-5)
+    group = comm.Span(ranks=2, ranks_per_node=2, bus_bandwidth=1e9, call_latency_s=1e-5)
+    link = comm.Links(shard=group, replica=group, world=group)
     t = comm.communication_time(c, link, compute_s=1e-3, overlap=1.0)
     # all-gather 10 * 1e-5 + 1e6 / 1e9 = 1.1 ms; reduce-scatter 5e-5 + 1e-3 = 1.05 ms
-    # first 2e-5 + 1e-4 = 0.12 ms; last 1e-5 + 1e-4 = 0.11 ms; the rest 1.92 ms, 1 ms hidden
-    assert t["total_s"] == pytest.approx(2.15e-3 + 2e-5)
+    # first 2e-5 + 1e-4 = 0.12 ms; last 1e-5 + 1e-4 = 0.11 ms; the rest 1.92 ms, 1 ms hidden;
+    # the two small all-reduces of one fp32: 2 * (1e-5 + 4 B * 2 * 1/2 / 1e9)
+    assert t["total_s"] == pytest.approx(2.15e-3 + 2e-5 + 8e-9)
     assert t["exposed_s"] == pytest.approx(0.23e-3 + 0.92e-3)
     assert comm.communication_time(c, link, 1e-3, overlap=0.0)["exposed_s"] == pytest.approx(
         2.15e-3

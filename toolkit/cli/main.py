@@ -32,7 +32,7 @@ BENCHES = {
     "grad-sync": ("toolkit.bench.grad_sync", "gradient sync per micro-step: peak memory"),
     "script-launch": (
         "toolkit.bench.script_launch",
-        "a user's script: launch-to-first-step vs torchrun, node agent on vs off",
+        "a user's script: launch-to-first-step vs torchrun (--slurm: srun), agent on vs off",
     ),
     "telemetry": ("toolkit.bench.telemetry", "telemetry size, agent costs, report speed"),
     "tracking": ("toolkit.bench.tracking", "experiment trackers: cost per record"),

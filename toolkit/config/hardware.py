@@ -54,6 +54,10 @@ class HardwareConfig:
     nics_per_node: int = 1  # rails: a node's inter-node bandwidth is NICs x per-NIC
     intra_node_latency_s: float = 2.0e-5  # per collective call
     inter_node_latency_s: float = 5.0e-5
+    # per ring step / tree level of a collective, inside a node and across nodes (NCCL's
+    # hwLatencies); 0: the call latency is the whole latency (gloo's, measured per call)
+    intra_node_step_latency_s: float = 0.0
+    inter_node_step_latency_s: float = 0.0
     host_device_bandwidth: float = 2.0e10  # bytes/s host<->device (CPU: memory bandwidth)
     elementwise_fraction: float = 1.0  # norm/activation/loss kernels, of memory_bandwidth
     op_overhead_s: float = 1.0e-5  # per kernel launch / eager op dispatch
@@ -137,6 +141,8 @@ MAY_BE_ZERO = (
     "num_sms",
     "intra_node_latency_s",
     "inter_node_latency_s",
+    "intra_node_step_latency_s",
+    "inter_node_step_latency_s",
 )
 
 
@@ -168,6 +174,9 @@ def problems(hw: HardwareConfig) -> list[str]:
     return found
 
 
+ADDED_LATER = ("intra_node_step_latency_s", "inter_node_step_latency_s", "num_sms")
+
+
 def load_profile(path: Path) -> HardwareConfig:
     """A hardware profile file (as written by `python -m toolkit.measure.hardware`): every field
     of the schema must be present; a missing or misspelled field is one ConfigError line."""
@@ -182,6 +191,11 @@ def load_profile(path: Path) -> HardwareConfig:
         raise ConfigError([f"{path}: a hardware profile is a mapping of fields"])
     data.pop("defaults", None)
     names = [f.name for f in dataclasses.fields(HardwareConfig)]
+    # Fields added after a profile could have been measured, with the value a measurement
+    # writes (0: the measured call latency is the whole latency; no GEMM ramp over SMs, the
+    # measured table holds each shape's rate), so an older profile loads.
+    for name in ADDED_LATER:
+        data.setdefault(name, 0)
     missing = [n for n in names if n not in data]
     unknown = [k for k in data if k not in names]
     found = []

@@ -303,6 +303,8 @@ def measure(
         nics_per_node=1,
         intra_node_latency_s=latency,
         inter_node_latency_s=latency,
+        intra_node_step_latency_s=0.0,  # the measured call's time is its whole latency
+        inter_node_step_latency_s=0.0,
         host_device_bandwidth=h2d or bandwidth,
         elementwise_fraction=round(min(1.0, elementwise / bandwidth), 4),
         op_overhead_s=overhead,

@@ -1,8 +1,10 @@
 """FSDP2/HSDP communication per rank and step: bytes, calls, time and what stays exposed.
 
-Ring collectives: a rank receives (n-1)/n of a gathered or reduced buffer; an all-reduce
-moves twice that. Each call costs a latency plus bytes / bandwidth. Inter-node bandwidth per
-rank is per-NIC bandwidth x NICs per node / ranks per node (rails).
+Every collective's time is NCCL's own cost model (src/graph/tuning.cc, ncclTopoGetAlgoTime,
+Simple protocol): latency + bytes / algorithm bandwidth, for ring and, for an all-reduce
+across nodes, tree; the cheaper one is taken, as NCCL's tuner does (`collective_time`). A
+group's span (its ranks, how many of them share a node) picks the link: NVLink inside a
+node, per-NIC bandwidth x NICs per node / ranks per node (rails) across nodes.
 
 Exposure: the first all-gathers of each micro-step (the root unit and the first block, nothing
 to hide behind yet) and the last reduce-scatter of the step (the root's, after the last
@@ -11,6 +13,7 @@ gradient) are exposed; the rest hides behind compute up to `comm_overlap` x the 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from toolkit.config.hardware import HardwareConfig
@@ -22,14 +25,50 @@ FP32 = 4  # FSDP2 keeps sharded parameters and their gradients in fp32
 SMALL_ALL_REDUCES = 2  # the grad norm's and the loss/stop-vote all-reduce of every step
 
 
-@dataclass(frozen=True)
-class Links:
-    """Per-rank bandwidth (bytes/s) and per-call latency (s) of the shard and replica groups."""
+# NCCL's tuner (src/graph/tuning.cc): tree all-reduce bus bandwidth x 0.92 ("various model
+# refinements"), ring all-reduce latency x 1.4 across nodes on sm80+ ("plateau effect of
+# ring"), and the tree's correction for medium sizes, Simple protocol, per power of two of
+# the message from 64 B (treeCorrectionFactor[NCCL_PROTO_SIMPLE]).
+TREE_BANDWIDTH_FACTOR = 0.92
+RING_ALLREDUCE_PLATEAU = 1.4
+TREE_CORRECTION = (
+    0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.8, 0.7, 0.6, 0.6, 0.5,
+    0.5, 0.5, 0.5, 0.6, 0.7, 0.8, 0.7, 0.7, 0.8, 0.9, 0.9,
+)  # fmt: skip
+KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 
-    shard_bandwidth: float
-    shard_latency_s: float
-    replica_bandwidth: float
-    replica_latency_s: float
+
+@dataclass(frozen=True)
+class Span:
+    """Where a process group lies and what its links give: `ranks` in the group,
+    `ranks_per_node` of them on each node (= ranks when the group fits in one node)."""
+
+    ranks: int
+    ranks_per_node: int
+    bus_bandwidth: float  # bytes/s: the slowest link a ring crosses (nccl-tests' busbw)
+    call_latency_s: float  # per call (NCCL's baseLatencies; gloo: the measured call)
+    intra_step_latency_s: float = 0.0  # per ring step or tree level inside a node
+    inter_step_latency_s: float = 0.0  # per ring step or tree level across nodes
+
+    @property
+    def nodes(self) -> int:
+        return math.ceil(self.ranks / self.ranks_per_node)
+
+
+def span(hw: HardwareConfig, ranks: int, group_ranks_per_node: int, node_ranks: int) -> Span:
+    """The span of a group of `ranks` with `group_ranks_per_node` of them on a node of
+    `node_ranks` ranks (all of a node's ranks talk at once, so they share its NICs)."""
+    per_node = max(1, min(ranks, group_ranks_per_node))
+    if per_node >= ranks:
+        return Span(
+            ranks, ranks, hw.intra_node_bandwidth, hw.intra_node_latency_s,
+            hw.intra_node_step_latency_s, hw.intra_node_step_latency_s,
+        )  # fmt: skip
+    inter = inter_node_bandwidth_per_rank(hw, node_ranks)
+    return Span(
+        ranks, per_node, min(inter, hw.intra_node_bandwidth), hw.inter_node_latency_s,
+        hw.intra_node_step_latency_s, hw.inter_node_step_latency_s,
+    )  # fmt: skip
 
 
 def inter_node_bandwidth_per_rank(hw: HardwareConfig, ranks_per_node: int) -> float:
@@ -37,15 +76,89 @@ def inter_node_bandwidth_per_rank(hw: HardwareConfig, ranks_per_node: int) -> fl
     return hw.inter_node_bandwidth * hw.nics_per_node / max(1, ranks_per_node)
 
 
-def links(hw: HardwareConfig, shard_size: int, ranks_per_node: int) -> Links:
-    inter = inter_node_bandwidth_per_rank(hw, ranks_per_node)
-    within = shard_size <= ranks_per_node
-    return Links(
-        shard_bandwidth=hw.intra_node_bandwidth if within else inter,
-        shard_latency_s=hw.intra_node_latency_s if within else hw.inter_node_latency_s,
-        replica_bandwidth=inter,
-        replica_latency_s=hw.inter_node_latency_s,
+def ring_time(kind: str, size_bytes: float, s: Span) -> float:
+    """Ring: (n-1) steps for an all-gather / reduce-scatter, 2(n-1) for an all-reduce, of
+    which (nodes-1) resp. 2(nodes-1) cross nodes; each rank moves (n-1)/n resp. 2(n-1)/n of
+    the buffer over the bus bandwidth (nccl-tests doc/PERFORMANCE.md; tuning.cc)."""
+    n = s.ranks
+    if n == 1:
+        return 0.0
+    twice = 2 if kind == "all_reduce" else 1
+    steps, inter_steps = twice * (n - 1), twice * (s.nodes - 1)
+    latency = (
+        s.call_latency_s
+        + (steps - inter_steps) * s.intra_step_latency_s
+        + inter_steps * s.inter_step_latency_s
     )
+    if kind == "all_reduce" and s.nodes > 1:
+        latency *= RING_ALLREDUCE_PLATEAU
+    return latency + size_bytes * twice * (n - 1) / n / s.bus_bandwidth
+
+
+def tree_time(size_bytes: float, s: Span) -> float:
+    """Tree all-reduce (NCCL's double binary tree across nodes, a chain inside each):
+    latency 2 x ((ranks per node - 1) intra steps + log2(nodes) inter levels); algorithm
+    bandwidth half of 0.92 x the bus bandwidth, x the tuner's medium-size correction."""
+    levels = math.floor(math.log2(s.nodes))
+    latency = s.call_latency_s + 2 * (
+        (s.ranks_per_node - 1) * s.intra_step_latency_s + levels * s.inter_step_latency_s
+    )
+    bandwidth = 0.5 * TREE_BANDWIDTH_FACTOR * s.bus_bandwidth * tree_correction(size_bytes)
+    return latency + size_bytes / bandwidth
+
+
+def tree_correction(size_bytes: float) -> float:
+    log_size = int(size_bytes) >> 6
+    index = log_size.bit_length() - 1  # NCCL's log2i(nBytes >> 6)
+    return TREE_CORRECTION[index] if 0 <= index < len(TREE_CORRECTION) else 1.0
+
+
+def algorithm(kind: str, size_bytes: float, s: Span) -> str:
+    """What NCCL's tuner picks: the cheaper of ring and (all-reduce across nodes) tree."""
+    if kind != "all_reduce" or s.nodes == 1:
+        return "ring"
+    return "tree" if tree_time(size_bytes, s) < ring_time(kind, size_bytes, s) else "ring"
+
+
+def collective_time(kind: str, size_bytes: float, s: Span) -> float:
+    """Seconds of one collective on a `size_bytes` buffer (the gathered, reduced or
+    all-reduced buffer, not the shard) over the group `s`, by the algorithm NCCL picks."""
+    if kind not in KINDS:
+        raise ValueError(f"collective kind {kind!r}: one of {', '.join(KINDS)}")
+    if s.ranks == 1:
+        return 0.0
+    if algorithm(kind, size_bytes, s) == "tree":
+        return tree_time(size_bytes, s)
+    return ring_time(kind, size_bytes, s)
+
+
+def calls_time(kind: str, received_bytes: float, calls: float, s: Span) -> float:
+    """`calls` collectives whose rank receives `received_bytes` in all, each on the mean
+    buffer (received = buffer x (n-1)/n, twice that for an all-reduce)."""
+    if not calls or s.ranks == 1:
+        return 0.0
+    share = ring_fraction(s.ranks) * (2 if kind == "all_reduce" else 1)
+    return calls * collective_time(kind, received_bytes / share / calls, s)
+
+
+@dataclass(frozen=True)
+class Links:
+    """Spans of the FSDP shard group, the HSDP replica group and the whole world."""
+
+    shard: Span
+    replica: Span
+    world: Span
+
+
+def links(
+    hw: HardwareConfig, shard_size: int, ranks_per_node: int, *, tp: int = 1, replicate: int = 1
+) -> Links:
+    """Spans in the mesh (tp fastest, then dp_shard, dp_replicate): a shard group's ranks
+    sit tp apart, a replica group's tp x shard_size apart."""
+    shard = span(hw, shard_size, ranks_per_node // tp, ranks_per_node)
+    replica = span(hw, replicate, ranks_per_node // (tp * shard_size), ranks_per_node)
+    world = span(hw, tp * shard_size * replicate, ranks_per_node, ranks_per_node)
+    return Links(shard, replica, world)
 
 
 def ring_fraction(n: int) -> float:
@@ -53,6 +166,7 @@ def ring_fraction(n: int) -> float:
 
 
 def collective_s(bytes_received: float, calls: float, bandwidth: float, latency_s: float) -> float:
+    """Point-to-point sends (and the plain latency + bytes / bandwidth model)."""
     return calls * latency_s + bytes_received / bandwidth
 
 
@@ -179,29 +293,25 @@ def communication_time(
 ) -> dict[str, float]:
     """Seconds per step: every collective, the part that cannot overlap, and the exposed
     total (first gathers + last reduce-scatter + what compute cannot hide)."""
-    shard_bw, shard_lat = link.shard_bandwidth, link.shard_latency_s
-    allgather = collective_s(comm["allgather_bytes"], comm["allgather_calls"], shard_bw, shard_lat)
-    reduce_scatter = collective_s(
-        comm["reduce_scatter_bytes"], comm["reduce_scatter_calls"], shard_bw, shard_lat
+    shard = link.shard
+    allgather = calls_time("all_gather", comm["allgather_bytes"], comm["allgather_calls"], shard)
+    reduce_scatter = calls_time(
+        "reduce_scatter", comm["reduce_scatter_bytes"], comm["reduce_scatter_calls"], shard
     )
-    replica = collective_s(
-        comm["replica_allreduce_bytes"],
-        comm["replica_allreduce_calls"],
-        link.replica_bandwidth,
-        link.replica_latency_s,
+    replica = calls_time(
+        "all_reduce", comm["replica_allreduce_bytes"], comm["replica_allreduce_calls"], link.replica
     )
-    first = collective_s(
-        comm["first_allgather_bytes"], comm["first_allgather_calls"], shard_bw, shard_lat
+    first = calls_time(
+        "all_gather", comm["first_allgather_bytes"], comm["first_allgather_calls"], shard
     )
-    last = collective_s(
+    last = calls_time(
+        "reduce_scatter",
         comm["last_reduce_scatter_bytes"],
         1 if comm["reduce_scatter_calls"] else 0,
-        shard_bw,
-        shard_lat,
+        shard,
     )
-    small = comm["small_allreduce_calls"] * max(
-        shard_lat, link.replica_latency_s if comm["replica_allreduce_calls"] else 0.0
-    )
+    # the grad norm's and the loss's all-reduces of one fp32 over every rank
+    small = comm["small_allreduce_calls"] * collective_time("all_reduce", FP32, link.world)
     total = allgather + reduce_scatter + replica
     rest = max(0.0, total - first - last)
     hidden = min(rest, overlap * compute_s)

@@ -98,7 +98,9 @@ def predict_counted(model: CountedShape, layout: Layout, hw: HardwareConfig) -> 
     )
     m = layout.grad_accum
     compute_s = m * (gemm_mb + elementwise_mb) + copy_s
-    link = comm_model.links(hw, layout.shard_size, layout.ranks_per_node)
+    link = comm_model.links(
+        hw, layout.shard_size, layout.ranks_per_node, replicate=layout.replicate
+    )
     ct = comm_model.communication_time(traffic, link, compute_s, hw.comm_overlap)
     local = total / layout.shard_size
     optimizer_s = kernels.optimizer_bytes(local) / (hw.memory_bandwidth * speed)

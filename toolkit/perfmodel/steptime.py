@@ -93,19 +93,30 @@ def fsdp_copy_s(
 
 
 def links(hw: HardwareConfig, layout: Layout) -> dict[str, tuple[float, float]]:
-    """(bandwidth per rank, latency) of each group: inside a node when the group's ranks
-    are (tp fastest, then dp_shard, dp_replicate, pp: toolkit.config.parallel.MeshShape)."""
+    """(bandwidth per rank, latency) of the pipeline's point-to-point sends: inside a node
+    only when the whole pipeline is (pp is the mesh's outermost dimension)."""
     inter = (
         comm_model.inter_node_bandwidth_per_rank(hw, layout.ranks_per_node),
         hw.inter_node_latency_s,
     )
     intra = (hw.intra_node_bandwidth, hw.intra_node_latency_s)
-    return {
-        "shard": intra if layout.shard_within_node else inter,
-        "replica": inter,
-        "tp": intra if layout.tp_within_node else inter,
-        "pp": intra if layout.pp_within_node else inter,
-    }
+    return {"pp": intra if layout.pp_within_node else inter}
+
+
+def spans(hw: HardwareConfig, layout: Layout) -> comm_model.Links:
+    """Spans of the shard, replica and world groups in the mesh (tp fastest, then
+    dp_shard, dp_replicate, pp: toolkit.config.parallel.MeshShape)."""
+    per_node = layout.ranks_per_node
+    link = comm_model.links(
+        hw, layout.shard_size, per_node, tp=layout.tp, replicate=layout.replicate
+    )
+    world = comm_model.span(hw, layout.world_size, per_node, per_node)
+    return comm_model.Links(link.shard, link.replica, world)
+
+
+def tp_span(hw: HardwareConfig, layout: Layout) -> comm_model.Span:
+    """A tp group is tp consecutive ranks: NVLink inside a node, across nodes beyond it."""
+    return comm_model.span(hw, layout.tp, layout.ranks_per_node, layout.ranks_per_node)
 
 
 def stage_time(
@@ -136,7 +147,7 @@ def stage_time(
         tp=layout.tp,
         recompute=ac,
     )
-    per_mb["tp_communication"] = tp.collectives_s(tp_c, *link["tp"])
+    per_mb["tp_communication"] = tp.collectives_s(tp_c, tp_span(hw, layout))
     p2p_calls = 2 * layout.virtual_stages if layout.pp > 1 else 0  # forward out, gradient back
     p2p = pipeline.p2p_bytes(
         layout.micro_batch_size, layout.seq_len, model.dim, DTYPE_BYTES[dtype], layout.tp
@@ -152,14 +163,7 @@ def stage_time(
     copy_s = fsdp_copy_s(model, layout, hw, stage)
     compute_s = m * sum(per_mb[t] for t in COMPUTE_TERMS) + fsdp_overhead + copy_s
     traffic = fsdp_traffic(model, layout, stage)
-    shard_bw, shard_lat = link["shard"]
-    replica_bw, replica_lat = link["replica"]
-    ct = comm_model.communication_time(
-        traffic,
-        comm_model.Links(shard_bw, shard_lat, replica_bw, replica_lat),
-        compute_s,
-        hw.comm_overlap,
-    )
+    ct = comm_model.communication_time(traffic, spans(hw, layout), compute_s, hw.comm_overlap)
     local_params = stage_params(model, layout, stage)["total"] / layout.shard_size
     tensors = (
         kernels.TENSORS_PER_BLOCK * stage.blocks

@@ -13,14 +13,16 @@ reduce-scatter backward) with loss parallel (two all-reduces of one fp32 per tok
 and the sum of exponentials).
 
 Every all-gather or reduce-scatter moves micro_batch x seq x dim x activation bytes x
-(tp-1)/tp per rank. They sit between dependent GEMMs, so they are on the critical path: no
-overlap is modelled (Korthikanti et al. and torch's TP overlap none of them by default).
+(tp-1)/tp per rank, each timed by toolkit.perfmodel.comm.collective_time over the tp group
+(NVLink inside a node). They sit between dependent GEMMs, so they are on the critical path:
+no overlap is modelled (Korthikanti et al. and torch's TP overlap none of them by default;
+the toolkit has no async-TP option).
 """
 
 from __future__ import annotations
 
 from toolkit.config.model import TransformerConfig
-from toolkit.perfmodel.comm import collective_s, ring_fraction
+from toolkit.perfmodel.comm import Span, calls_time, ring_fraction
 from toolkit.train.flops import block_params, param_counts
 
 BLOCK_COLLECTIVES_FORWARD = 4  # all-gather + reduce-scatter around attention and MLP
@@ -93,7 +95,11 @@ def collectives(
     }
 
 
-def collectives_s(c: dict[str, float], bandwidth: float, latency_s: float) -> float:
-    """Seconds of a micro-step's tensor-parallel collectives: all on the critical path."""
-    gathers = collective_s(c["bytes"], c["calls"], bandwidth, latency_s)
-    return gathers + collective_s(c["allreduce_bytes"], c["allreduce_calls"], bandwidth, latency_s)
+def collectives_s(c: dict[str, float], span: Span) -> float:
+    """Seconds of a micro-step's tensor-parallel collectives over the tp group's span, all
+    on the critical path (the toolkit has no async TP: nothing overlaps them)."""
+    half = c["calls"] / 2  # all-gathers and reduce-scatters come in pairs of equal buffers
+    gathers = calls_time("all_gather", c["bytes"] / 2, half, span)
+    scatters = calls_time("reduce_scatter", c["bytes"] / 2, half, span)
+    loss = calls_time("all_reduce", c["allreduce_bytes"], c["allreduce_calls"], span)
+    return gathers + scatters + loss

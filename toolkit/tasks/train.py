@@ -43,7 +43,6 @@ from toolkit.train.models.registry import spec_config, spec_for
 from toolkit.train.models.spec import ModelSpec
 from toolkit.train.optim import build_optimizer, build_scheduler
 from toolkit.train.parts import Data, Instruments, Learning
-from toolkit.train.pipeline import PipelineStep, build_pipeline
 from toolkit.train.steps import Accumulation
 from toolkit.train.targets import build_callbacks
 
@@ -280,6 +279,9 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     record_layout(shape, device, run_dir / "mesh.json")
     pipe = None
     if shape.pp > 1:  # this rank's stages: tensor parallel, then sharded over the dp dims
+        # Imported here: torch.distributed.pipelining brings torch._dynamo (~0.5 s a rank).
+        from toolkit.train.pipeline import PipelineStep, build_pipeline
+
         split = pipeline_split(job, shape)
         pipe = build_pipeline(
             model, mesh, shape, job.parallel, job.precision, split, spec.tensor_parallel
@@ -420,8 +422,7 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
             (run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
     finally:
         trainer.sink.close()
-        if trainer.comm_timer is not None:
-            trainer.comm_timer.uninstall()
+        trainer.watch.uninstall()
     if env.is_rank0:
         print_summary(summary)
     stop = trainer.stop

@@ -255,7 +255,8 @@ def build_telemetry_sinks(
                 node_rank=env.node_rank,
                 ranks=ranks,
                 world_size=env.world_size,
-                num_nodes=len(nodes),
+                # `nodes` may list this node alone (a script's wrapper has no process group)
+                num_nodes=max(len(nodes), env.num_nodes),
                 socket=path,
                 parent_pid=os.getpid(),
                 config=cfg,

@@ -25,11 +25,11 @@ from toolkit.config.trainer import TrainerConfig
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, StepRecord
 from toolkit.hooks import Hook, Stop, split_votes
-from toolkit.train.faults import FaultInjector
 from toolkit.train.flops import mfu
 from toolkit.train.nonfinite import NonfiniteGuard
-from toolkit.train.parts import Data, Instruments, Learning, StepTiming, breakdown
+from toolkit.train.parts import Data, Instruments, Learning, StepTiming
 from toolkit.train.steps import MicroBatches
+from toolkit.train.watch import Watch
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +75,14 @@ class Trainer:
         self.count_flops = instruments.count_flops
         self.peak_flops = instruments.peak_flops
         self.throughput_unit = instruments.throughput_unit
-        self.comm_timer = instruments.comm_timer
-        self.heartbeat = instruments.heartbeat
         self.hooks = list(hooks or [])
         self.layout = dict(layout or {})  # mesh degrees, for the summary
         self.val_metrics: dict[str, float] = {}
         self.rank = dist.get_rank()
-        self.faults = FaultInjector(instruments.fault, self.rank)
+        # heartbeat, fault points, communication bookkeeping
+        self.watch = Watch(
+            instruments.fault, self.rank, instruments.comm_timer, instruments.heartbeat
+        )
         self.world_size = dist.get_world_size()
         self.state = TrainState()
         self.losses: list[float] = []
@@ -169,7 +170,7 @@ class Trainer:
     def train_step(self, micro_batches: MicroBatches) -> StepTiming:
         """Forward/backward over the micro-batches (self.strategy), then clip and step."""
         t0 = time.perf_counter()
-        self.faults.compute()
+        self.watch.compute()
         loss_sum = self.strategy.forward_backward(micro_batches)
         t1 = time.perf_counter()
         grad_norm = self.strategy.clip_grad_norm(self.grad_clip)
@@ -177,7 +178,7 @@ class Trainer:
         for hook in self.hooks:
             hook.before_optimizer_step(self)
         t_hooks = time.perf_counter()
-        exposed_so_far = self.comm_timer.exposed_s if self.comm_timer is not None else 0.0
+        exposed_so_far = self.watch.exposed_s()
         # One all-reduce over every rank (all pipeline stages) carries the loss, a non-finite
         # flag and every stop vote; .tolist() syncs the device. Ranks without a loss (not the
         # last pipeline stage) add 0: the mean divides by the ranks that hold one. It comes
@@ -186,7 +187,7 @@ class Trainer:
         votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
         norm_ok = torch.isfinite(torch.as_tensor(grad_norm)).to(self.device)
         nonfinite = ~(torch.isfinite(loss_sum.detach()) & norm_ok)
-        self.faults.before_all_reduce(self.state.step)
+        self.watch.before_all_reduce(self.state.step)
         summed = torch.cat(
             [
                 loss_sum.view(1),
@@ -260,46 +261,16 @@ class Trainer:
             while stop is None and self.state.step < self.cfg.steps:
                 self._beat("data")
                 t_wait = time.perf_counter()
-                data_step, micro_batches = next(self.loader)
-                self.faults.data_wait()
+                micro_batches = self._next_batches()
                 data_wait = time.perf_counter() - t_wait
                 self._beat("step")
-                if data_step != self.state.step:
-                    raise RuntimeError(
-                        f"data loader at step {data_step}, trainer at {self.state.step}"
-                    )
-                self.faults.step_start(self.state.step)
+                self.watch.step_starts(self.state.step)
                 lr = self.scheduler.get_last_lr()[0]
-                if self.comm_timer is not None:
-                    self.comm_timer.take()  # eval and hooks between steps: not this step's
                 timing = self.train_step(micro_batches)
-                loss, grad_norm, votes = timing.loss, timing.grad_norm, timing.votes
                 step_time = time.perf_counter() - t_wait
-                if self.count_flops is not None:  # once, outside the step's own time
-                    self.flops_per_sample = self.count_flops(micro_batches[0])
-                    self.count_flops = None
-                self.state.step += 1
-                self.state.tokens_seen += self.tokens_per_step
-                tps = self.tokens_per_step / step_time
-                samples_per_s = self.samples_per_step / step_time
-                record = StepRecord(
-                    step=self.state.step,
-                    wall_time=time.time(),
-                    step_time_s=step_time,
-                    data_wait_s=data_wait,
-                    forward_backward_s=timing.forward_backward_s,
-                    optimizer_s=timing.optimizer_s,
-                    loss=loss,
-                    grad_norm=grad_norm,
-                    lr=lr,
-                    tokens=self.tokens_per_step,
-                    tokens_per_s=tps,
-                    samples_per_s=samples_per_s,
-                    mfu=mfu(samples_per_s, self.flops_per_sample, self.peak_flops, self.world_size),
-                    mem_peak_bytes=peak_memory_bytes(self.device),
-                    rank=self.rank,
-                    **breakdown(timing, step_time, data_wait, self.comm_timer),
-                )
+                self._count_flops_once(micro_batches)  # outside the step's own time
+                record = self._advance(timing, step_time, data_wait, lr)
+                loss, grad_norm = timing.loss, timing.grad_norm
                 self.losses.append(loss)
                 self.records.append(record)
                 self.sink.write_step(record)
@@ -309,6 +280,7 @@ class Trainer:
                         stopped_by_hook = True
                         break
                 self._beat("hooks")
+                votes = timing.votes
                 for hook, share in zip(self.hooks, split_votes(self.hooks, votes[1:]), strict=True):
                     stop = hook.after_step(self, record, share) or stop
                 stopped_by_hook = stop is not None
@@ -337,10 +309,46 @@ class Trainer:
         return self.summary(time.time() - self._started, val_loss)
 
     def _beat(self, phase: str) -> None:
-        """Progress for the watchdog; before the first step of this run completes, every
-        phase counts as startup (compilation, first allocations, the checkpoint load)."""
-        if self.heartbeat is not None:
-            self.heartbeat.beat(phase if self.records else "startup", self.state.step)
+        self.watch.phase(phase, self.state.step, started=bool(self.records))
+
+    def _next_batches(self) -> MicroBatches:
+        data_step, micro_batches = next(self.loader)
+        self.watch.data_fetched()
+        if data_step != self.state.step:
+            raise RuntimeError(f"data loader at step {data_step}, trainer at {self.state.step}")
+        return micro_batches
+
+    def _advance(
+        self, timing: StepTiming, step_time: float, data_wait: float, lr: float
+    ) -> StepRecord:
+        """Count the step done and say what it measured."""
+        self.state.step += 1
+        self.state.tokens_seen += self.tokens_per_step
+        samples_per_s = self.samples_per_step / step_time
+        return StepRecord(
+            step=self.state.step,
+            wall_time=time.time(),
+            step_time_s=step_time,
+            data_wait_s=data_wait,
+            forward_backward_s=timing.forward_backward_s,
+            optimizer_s=timing.optimizer_s,
+            loss=timing.loss,
+            grad_norm=timing.grad_norm,
+            lr=lr,
+            tokens=self.tokens_per_step,
+            tokens_per_s=self.tokens_per_step / step_time,
+            samples_per_s=samples_per_s,
+            mfu=mfu(samples_per_s, self.flops_per_sample, self.peak_flops, self.world_size),
+            mem_peak_bytes=peak_memory_bytes(self.device),
+            rank=self.rank,
+            **self.watch.breakdown(timing, step_time, data_wait),
+        )
+
+    def _count_flops_once(self, micro_batches: MicroBatches) -> None:
+        """A model without analytic FLOPs counts them on its first micro-batch (once)."""
+        if self.count_flops is not None:
+            self.flops_per_sample = self.count_flops(micro_batches[0])
+            self.count_flops = None
 
     def _should_eval(self) -> bool:
         every = self.cfg.eval_every
