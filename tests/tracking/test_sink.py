@@ -77,3 +77,29 @@ def test_a_password_in_the_tracking_uri_is_refused():
     assert len(found) == 1 and "MLFLOW_TRACKING_PASSWORD" in found[0]
     assert "hunter2" not in found[0]
     assert problems(TrackingConfig(mlflow_tracking_uri="https://mlflow.corp")) == []
+
+
+def test_without_a_tracking_uri_the_store_and_its_artifacts_stay_in_the_run_dir(
+    tmp_path, monkeypatch
+):
+    """No URI given: the SQLite store is RUN_DIR/tracking/mlflow.db and the artifacts go to
+    RUN_DIR/tracking/mlartifacts, not to ./mlruns wherever the rank was started."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    run_dir = tmp_path / "run"
+    (run_dir / "tracking").mkdir(parents=True)
+    summary = run_dir / "summary.json"
+    summary.write_text("{}")
+    tracker = MlflowTracker(TrackingConfig(mlflow=True), run_dir)
+    tracker.open(Params({"seed": 1}, [], "run"))
+    tracker.finish([summary])
+    assert not (cwd / "mlruns").exists()
+    assert (run_dir / "tracking" / "mlflow.db").is_file()
+    stored = list((run_dir / "tracking" / "mlartifacts").rglob("summary.json"))
+    assert len(stored) == 1, stored
+    client = MlflowClient(tracking_uri=tracker.uri)
+    assert [a.path for a in client.list_artifacts(tracker.run_id)] == ["summary.json"]

@@ -21,11 +21,12 @@ MAX_PARAMS_PER_BATCH = 100  # and on params per log_batch call
 def tracking_uri(cfg: TrackingConfig, run_dir: Path) -> str:
     """tracking.mlflow_tracking_uri, else MLFLOW_TRACKING_URI, else a SQLite store in the run
     dir (`mlflow ui --backend-store-uri sqlite:///RUN_DIR/tracking/mlflow.db`)."""
-    return (
-        cfg.mlflow_tracking_uri
-        or os.environ.get("MLFLOW_TRACKING_URI")
-        or f"sqlite:///{run_dir / 'tracking' / 'mlflow.db'}"
-    )
+    return cfg.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_uri(run_dir)
+
+
+def default_uri(run_dir: Path) -> str:
+    """The SQLite store in the run dir, used when no tracking URI is given."""
+    return f"sqlite:///{run_dir / 'tracking' / 'mlflow.db'}"
 
 
 class MlflowTracker:
@@ -34,6 +35,10 @@ class MlflowTracker:
     def __init__(self, cfg: TrackingConfig, run_dir: Path):
         self.cfg = cfg
         self.uri = tracking_uri(cfg, run_dir)
+        # With the store in the run dir, the artifacts go beside it: MLflow's default for a
+        # new experiment is ./mlruns in whatever directory the rank was started from.
+        local = self.uri == default_uri(run_dir)
+        self.artifact_location = (run_dir / "tracking" / "mlartifacts").as_uri() if local else None
         self.id_file = run_dir / "tracking" / "mlflow_run_id"
         self.run_id: str | None = None
         self.experiment_id: str | None = None
@@ -63,7 +68,9 @@ class MlflowTracker:
             self.experiment_id = (
                 experiment.experiment_id
                 if experiment is not None
-                else self._client.create_experiment(self.cfg.experiment)
+                else self._client.create_experiment(
+                    self.cfg.experiment, artifact_location=self.artifact_location
+                )
             )
             run = self._client.create_run(self.experiment_id, run_name=params.run_name)
             self.run_id = run.info.run_id
