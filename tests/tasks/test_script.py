@@ -143,6 +143,29 @@ def test_a_rank_that_exits_0_while_another_hangs_is_a_hang_naming_the_hung_rank(
     assert time.time() - t0 < 90
 
 
+@pytest.mark.slow
+def test_a_module_that_never_joins_a_process_group_runs_alone_on_every_rank(tmp_path):
+    """`script.module=` runs a module of your package as `python -m` would; a script that
+    never initialises a process group is not an error: each rank runs its own copy (as under
+    torchrun), the launch ends with its status and nothing is left running."""
+    run = tmp_path / "run"
+    fixtures = str(REPO / "tests" / "fixtures")
+    r = launch(
+        "script.module=userpkg.solo",
+        "script.args=[--steps,2]",
+        "cluster.tasks_per_node=2",
+        f"hydra.run.dir={run}",
+        env={"PYTHONPATH": os.pathsep.join([fixtures, str(REPO)])},
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rank 0 of 2 alone: loss" in r.stdout
+    assert "rank 1 of 2 alone: loss" in (run / "logs" / "rank1.out").read_text()
+    assert json.loads((run / "summary.json").read_text())["exit_code"] == 0
+    left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout
+    assert left == "", f"processes of the run still running: {left}"
+
+
 @pytest.mark.parametrize(
     ("overrides", "said"),
     [
