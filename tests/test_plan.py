@@ -11,9 +11,9 @@ import pytest
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import GPTConfig, TimeSeriesConfig
-from toolkit.measure.plan_check import rank_agreement, spearman, spread
+from toolkit.measure.plan_check import rank_agreement, spearman
 from toolkit.perfmodel import Layout, predict
-from toolkit.plan import cost_rows, layouts, rank_plans
+from toolkit.plan import cost_rows, layouts, rank_plans, spread
 
 SMALL = GPTConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256)
 # 2 nodes x 4 ranks, sequence 256
@@ -90,6 +90,67 @@ def test_a_spread_check_takes_the_best_the_worst_and_evenly_between():
     assert spread(plans, 2) == [0, 8]
     assert spread(plans, 1) == [0]
     assert spread(plans[:2], 5) == [0, 1]
+
+
+TINY_CHECK = ["model=gpt_tiny", "cluster.tasks_per_node=1", "trainer.global_batch_size=8"]
+
+
+def test_check_is_given_the_spread_plans_and_what_they_were_planned_for():
+    from toolkit.plan import main
+
+    given = []
+
+    def check(plans, overrides, steps):  # stands for toolkit.measure.plan_check.check
+        given.append((plans, overrides, steps))
+        return 0
+
+    argv = ["--check", "2", "--spread", "--steps", "3", *TINY_CHECK, "data.seq_len=32"]
+    assert main(argv, check=check) == 0
+    plans, overrides, steps = given[0]
+    best, worst = (p.prediction.tokens_per_s for p in plans)
+    assert best > worst and steps == 3
+    assert overrides == [*TINY_CHECK, "data.seq_len=32"]
+
+
+def test_check_from_the_library_needs_the_check_passed_in(capsys):
+    from toolkit.plan import main
+
+    assert main(["--check", "1", *TINY_CHECK]) == 2
+    assert "error: --check: runs from the command line only" in capsys.readouterr().err
+
+
+def test_run_plan_runs_the_benchmark_with_the_plans_overrides_and_reads_its_result(
+    tmp_path, monkeypatch
+):
+    import toolkit.measure.run as bench
+    from toolkit.measure.plan_check import run_plan
+
+    argvs, codes = [], [0, 3]
+
+    def benchmark(argv: list[str]) -> int:  # stands for a run: writes its one-line summary
+        argvs.append(argv)
+        out = tmp_path / f"run{len(argvs)}"
+        out.mkdir()
+        if codes[len(argvs) - 1] == 0:
+            (out / "bench.json").write_text('{"tokens_per_s": 5.0}\n')
+        return codes[len(argvs) - 1]
+
+    monkeypatch.setattr(bench, "main", benchmark)
+    assert run_plan(["a=1", "b=2"], tmp_path / "run1", steps=4, warmup=1) == (
+        0,
+        {"tokens_per_s": 5.0},
+    )
+    assert argvs[0] == [
+        "--warmup",
+        "1",
+        "--steps",
+        "4",
+        "--out",
+        str(tmp_path / "run1"),
+        "a=1",
+        "b=2",
+    ]
+    assert run_plan(["a=1"], tmp_path / "run2", steps=4) == (3, None)  # a failed run
 
 
 def test_cli_prints_the_top_plans_with_their_overrides():

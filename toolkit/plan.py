@@ -26,8 +26,10 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.job import JobConfig
@@ -44,6 +46,7 @@ DEFAULT_OPTIMIZER = "adamw"
 # The memory options the planner may enumerate on GPUs (first = the default).
 KERNEL_OPTIONS = (DEFAULT_KERNELS, "liger")
 OPTIMIZER_OPTIONS = (DEFAULT_OPTIMIZER, "adamw8bit")
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -353,6 +356,17 @@ def cost_rows(
     return rows
 
 
+def spread(plans: list[P], k: int) -> list[P]:
+    """k plans spread over the ranking (the best, the worst and evenly between): their
+    predicted differences are large enough for a short run on a noisy machine to tell
+    whether the order holds, unlike the top k, which often lie within a few per cent."""
+    if k >= len(plans):
+        return list(plans)
+    if k == 1:
+        return plans[:1]
+    return [plans[round(i * (len(plans) - 1) / (k - 1))] for i in range(k)]
+
+
 def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -374,7 +388,15 @@ def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
     Console(width=220).print(table)
 
 
-def main(argv: list[str] | None = None) -> int:
+# Runs --check's plans: toolkit.measure.plan_check.check (plans, the overrides they were
+# planned for, measured steps) -> exit code.
+Check = Callable[[list[Plan], list[str], int], int]
+
+
+def main(argv: list[str] | None = None, check: Check | None = None) -> int:
+    """The planner's command line. `check` runs --check's plans; the command line passes
+    toolkit.measure.plan_check.check (the planner sits below toolkit.measure, which imports
+    it, so it does not import the check itself)."""
     from toolkit.config.sources import add_config_dir_option
 
     parser = argparse.ArgumentParser(prog="python -m toolkit.plan")
@@ -455,8 +477,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"({' '.join(r['overrides'])})"  # type: ignore[arg-type]
             )
     if args.check:
-        from toolkit.measure.plan_check import check, spread
-
+        if check is None:
+            print(
+                "error: --check: runs from the command line only (python -m toolkit.plan)",
+                file=sys.stderr,
+            )
+            return 2
         chosen = spread(plans, args.check) if args.spread else plans[: args.check]
         # The checked runs compose the job themselves: the -cd directories reach them (and
         # their ranks) first on $TOOLKIT_CONFIG_PATH, in the same order of search.
@@ -468,4 +494,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from toolkit.measure.plan_check import check as run_check
+
+    sys.exit(main(check=run_check))

@@ -93,17 +93,17 @@ def test_summary_table_shows_mfu_memory_verdict_and_failed_runs():
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_check_passes_on_a_cuda_machine_within_8_minutes(tmp_path):
+def test_gpu_check_passes_on_a_cuda_machine_within_10_minutes(tmp_path):
     started = time.time()
     proc = subprocess.run(
         [str(REPO / "scripts" / "gpu_check.sh"), "--out", str(tmp_path / "gpu")],
         env=dict(os.environ, PYTHON=sys.executable),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=660,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert time.time() - started < 480
+    assert time.time() - started < 600
     report = json.loads((tmp_path / "gpu" / "gpu_check.json").read_text())
     assert report["nccl"]["ok"]
     assert report["telemetry"]["runs_with_samples"] == 4
@@ -113,4 +113,11 @@ def test_gpu_check_passes_on_a_cuda_machine_within_8_minutes(tmp_path):
         ("gpt_1b", False),
         ("gpt_1b", True),
     }
+    # the planner's three picks of gpt_1b, each measured (whether the order holds is
+    # reported, not asserted: that is what the check is for)
+    plans = report["plans"]
+    assert [p["rank"] for p in plans["picks"]][::2] == [1, plans["ranked"]]
+    assert all(p["measured_tokens_per_s"] > 0 for p in plans["picks"])
+    assert plans["compared"] == 3 and -1.0 <= plans["spearman"] <= 1.0
+    assert "planner order" in proc.stdout
     assert "passed in" in proc.stdout[-1000:]  # the table's caption, printed last

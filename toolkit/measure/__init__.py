@@ -1,4 +1,6 @@
 """Measuring the machine and checking the performance model against it: the hardware profile
 (`python -m toolkit.measure.hardware`), the training run measured against its prediction
-(`run`, with `results`, `stats`, `compare`), the model check over a grid (`model_check`) and the
-planner's check (`plan_check`). Product code: toolkit.plan and toolkit.bench build on it."""
+(`run`, with `results`, `stats`, `compare`), the model check over a grid (`model_check`), the
+planner's check (`plan_check`) and the GPU validation (`gpu`, with its planner step
+`gpu_plans`). Product code on top of toolkit.plan (the ranking it checks; the planner's
+`--check` is handed plan_check.check by its command line); toolkit.bench builds on it."""

@@ -1,7 +1,8 @@
 """`python -m toolkit.measure.gpu [--out DIR] [--budget-s S]`: one-command GPU validation.
 
-On a CUDA machine, in under 8 minutes (no run starts after --budget-s, 330 s by default,
-and each run's training is capped at 120 s):
+On a CUDA machine, in under 10 minutes (no run of step 3 starts after --budget-s, 330 s by
+default, each capped at 120 s of training, so steps 1-4 end within 8 minutes; no pick of
+step 5 starts after --plans-budget-s, 480 s, each capped at 60 s):
 
 1. NCCL: a one-rank process group initialises and all-reduces a tensor on GPU 0.
 2. bf16 matmul peak of this GPU: a loop of 8192^3 matmuls timed with CUDA events.
@@ -14,6 +15,10 @@ and each run's training is capped at 120 s):
    the node agent samples NVML every 0.1 s with telemetry=fast into
    RUN_DIR/telemetry/node-<host>-attempt<k>.h5); the check counts the GPU rows written
    and fails when a run's file holds none.
+5. The planner's picks (toolkit.measure.gpu_plans; --no-plans skips it): --plan-picks
+   layouts of gpt_1b on this GPU spread over the planner's ranking, each run for a few
+   steps; predicted vs measured step time and tokens/s, and whether the predicted order
+   holds (Spearman). An off prediction is reported, not failed; a failed run fails.
 
 A short table is printed last; everything is kept in OUT/gpu_check.json. Exit code 0 when
 every check passed, 1 otherwise. Without CUDA it says so and exits 0 having run nothing.
@@ -30,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from toolkit.measure.gpu_plans import add_plan_options, plan_rows, plan_step, plans_ok
 
 DATASHEET_PRESETS = {"H200": "h200", "H100": "h100", "A100": "a100"}
 MODELS: dict[str, list[str]] = {
@@ -205,6 +212,9 @@ def summary_table(report: dict[str, Any]):
                 else "memory -"
             ),
         )
+    if "plans" in report:
+        for row in plan_rows(report["plans"]):
+            table.add_row(*row)
     tel = report["telemetry"]
     table.add_row(
         "NVML telemetry",
@@ -223,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    add_plan_options(parser)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available():
         print(no_cuda_message())
@@ -262,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
                 r["memory_ratio"] = measured / predicted if measured and predicted else None
                 r["telemetry_gpu_rows"] = gpu_telemetry_samples(Path(r["run_dir"]))
             report["runs"].append(r)
+    report["plans"] = (
+        {"skipped": "--no-plans"}
+        if args.no_plans
+        else plan_step(preset, args.plan_picks, out / "plans", started + args.plans_budget_s)
+    )
     finished = [r for r in report["runs"] if "tokens_per_s" in r]
     report["telemetry"] = {
         "samples": sum(r["telemetry_gpu_rows"] for r in finished),
@@ -277,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         report["nccl"].get("ok", False)
         and report["telemetry"]["runs_with_samples"] == report["telemetry"]["runs"] > 0
         and all("tokens_per_s" in r for r in report["runs"])
+        and plans_ok(report["plans"])
     )
     table = summary_table(report)
     table.caption = f"{'passed' if ok else 'FAILED'} in {report['seconds']:.0f} s; details: {out}"

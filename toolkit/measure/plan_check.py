@@ -2,8 +2,10 @@
 compare the measured order with the predicted one (toolkit.plan ranks; this runs).
 
 The top K plans often lie within a few per cent of each other, inside a short run's noise;
-`spread` picks K plans over the whole ranking instead. The verdict: whether the measured
-order is the predicted one, and Spearman's rank correlation."""
+`--spread` (toolkit.plan.spread) picks K plans over the whole ranking instead. The verdict:
+whether the measured order is the predicted one, and Spearman's rank correlation. run_plan
+runs one plan; the GPU check's planner step (toolkit.measure.gpu_plans) runs its picks
+with it too."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 
 class RankedPlan(Protocol):
@@ -20,9 +22,6 @@ class RankedPlan(Protocol):
     prediction: Any
 
     def overrides(self) -> list[str]: ...
-
-
-P = TypeVar("P")
 
 
 def rank_agreement(predicted: list[float], measured: list[float]) -> bool:
@@ -49,43 +48,32 @@ def spearman(predicted: list[float], measured: list[float]) -> float:
     return 1.0 - 6.0 * d2 / (n * (n * n - 1))
 
 
-def spread(plans: list[P], k: int) -> list[P]:
-    """k plans spread over the ranking (the best, the worst and evenly between): their
-    predicted differences are large enough for a short run on a noisy machine to tell
-    whether the order holds, unlike the top k, which often lie within a few per cent."""
-    if k >= len(plans):
-        return list(plans)
-    if k == 1:
-        return plans[:1]
-    return [plans[round(i * (len(plans) - 1) / (k - 1))] for i in range(k)]
+def run_plan(
+    overrides: list[str], out: Path, steps: int, warmup: int = 2
+) -> tuple[int, dict[str, Any] | None]:
+    """Run one plan through the training benchmark into `out`: `overrides` are what the
+    plans were made for followed by the plan's own (Plan.overrides(), last so that they
+    win). (exit code, the run's one-line summary bench.json; None when it failed)."""
+    from toolkit.measure.run import main as bench
+
+    argv = ["--warmup", str(warmup), "--steps", str(steps), "--out", str(out), *overrides]
+    code = bench(argv)
+    if code != 0 or not (out / "bench.json").exists():
+        return code, None
+    return code, json.loads((out / "bench.json").read_text())
 
 
 def check(plans: list[RankedPlan], overrides: list[str], steps: int) -> int:
-    """Run the given plans (the top k, or a spread: `spread`) locally through the training
-    benchmark; print predicted vs measured, whether the order holds and Spearman's rank
+    """Run the given plans (the top k, or a spread: toolkit.plan.spread) locally through the
+    training benchmark; print predicted vs measured, whether the order holds and Spearman's rank
     correlation."""
-    from toolkit.measure.run import main as bench
-
     predicted, measured = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i, p in enumerate(plans):
-            out = Path(tmp) / str(i)
-            code = bench(
-                [
-                    "--warmup",
-                    "2",
-                    "--steps",
-                    str(steps),
-                    "--out",
-                    str(out),
-                    *overrides,
-                    *p.overrides(),
-                ]
-            )
-            if code != 0:
-                print(f"plan {i + 1}: the run failed (exit {code})", file=sys.stderr)
-                return code
-            result = json.loads((out / "bench.json").read_text())
+            code, result = run_plan([*overrides, *p.overrides()], Path(tmp) / str(i), steps)
+            if result is None:
+                print(f"plan {i + 1}: the run failed (exit {code}, no result)", file=sys.stderr)
+                return code or 1
             predicted.append(p.prediction.tokens_per_s)
             measured.append(result["tokens_per_s"])
     print("plan | layout | predicted tokens/s | measured tokens/s | measured/predicted")
