@@ -7,6 +7,7 @@ model and the benchmarks all take the shape from here, so they cannot disagree a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from toolkit.config.cluster import ClusterConfig
@@ -14,12 +15,45 @@ from toolkit.config.trainer import TrainerConfig
 
 
 def local_gpu_count() -> int:
+    """GPUs the ranks started here may use, counted without torch: NVML's device count (the
+    driver's own library, package nvidia-ml-py), narrowed by CUDA_VISIBLE_DEVICES as CUDA
+    narrows it. Importing torch only to count GPUs cost the launcher 1.1-2 s of every local
+    launch that left cluster.tasks_per_node to its default (docs/BENCHMARKS.md, "Issue 37 —
+    the launcher without torch"). 0 where NVML is missing or fails: CPU-only."""
     try:
-        import torch
+        import pynvml
 
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - no torch / broken driver: behave as CPU-only
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver / no GPU: behave as CPU-only
         return 0
+    return visible_gpu_count(count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def visible_gpu_count(count: int, visible: str | None) -> int:
+    """Of `count` GPUs, how many CUDA_VISIBLE_DEVICES=`visible` leaves a process: all when
+    unset; else its entries up to the first that names no device (CUDA ignores the rest: an
+    index out of range, a negative one, an empty entry), UUIDs (GPU-..., MIG-...) taken as
+    named, at most `count`."""
+    if visible is None:
+        return count
+    taken = 0
+    for entry in visible.split(","):
+        entry = entry.strip()
+        if entry.startswith(("GPU-", "MIG-")):
+            taken += 1
+            continue
+        try:
+            index = int(entry)
+        except ValueError:
+            break
+        if not 0 <= index < count:
+            break
+        taken += 1
+    return min(taken, count)
 
 
 def tasks_per_node(cluster: ClusterConfig) -> int:
