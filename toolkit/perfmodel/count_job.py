@@ -1,13 +1,12 @@
 """A job's model as the performance model sees it: the built-in transformers by their shape,
 any other model by its counted costs (toolkit.perfmodel.counted on meta tensors, on an
-example micro-batch of the job's own data). Imports torch and your package: the CLIs and
-the report call it, the pure model (toolkit.perfmodel.model) never does."""
+example micro-batch of the job's own data). Imports torch and your package only to count a
+model that is not a built-in transformer (the report of a built-in model's run stays torch-
+free); the CLIs and the report call it, the pure model (toolkit.perfmodel.model) never does."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import torch
 
 from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig, display_name, vocab_size
@@ -32,6 +31,8 @@ def counted_shape_or_none(job: JobConfig) -> CountedShape | None:
 def counted_shape(job: JobConfig) -> CountedShape:
     """Count the job's model once on an example micro-batch of its data (no real memory
     for the model; the batch's values do not matter, only its shapes)."""
+    import torch
+
     from toolkit.perfmodel.counted import count
     from toolkit.train.models.registry import spec_config, spec_for
 
@@ -64,6 +65,8 @@ def counted_shape(job: JobConfig) -> CountedShape:
 def example_batch(job: JobConfig) -> Any:
     """A micro-batch of EXAMPLE_SAMPLES samples shaped as the job's data gives them: token
     windows, the market dataset's windows, or your Dataset's own items through its collate."""
+    import torch
+
     from toolkit.config.data import DatasetConfig
 
     data = job.data
