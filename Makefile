@@ -22,8 +22,10 @@ install: $(VENV)/.installed
 run: install
 	$(PY) -m toolkit.launch $(ARGS)
 
+# The whole suite: the Slurm tests alongside the quick ones, then the slow ones
+# (scripts/test_suite.py says why); with ARGS, one plain pytest with those arguments.
 test: install
-	$(PY) -m pytest $(ARGS)
+	$(PY) scripts/test_suite.py $(ARGS)
 
 test-fast: install
 	$(PY) -m pytest -m "not slow and not slurm" $(ARGS)

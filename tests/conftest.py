@@ -177,3 +177,18 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     exports = _exports(DEV_CLUSTER)
     os.environ.update(exports)
     yield SlurmCluster(script=DEV_CLUSTER, env=dict(os.environ))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """A test that uses the dev cluster is marked `slurm`: `make test` runs that marker in a
+    stream of its own, beside the quick tests (scripts/test_suite.py)."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if "slurm_cluster" in getattr(item, "fixturenames", ())
+        and item.get_closest_marker("slurm") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "tests using the slurm_cluster fixture must be marked slurm: " + ", ".join(unmarked)
+        )
