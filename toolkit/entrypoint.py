@@ -129,20 +129,20 @@ def run_rank(run_dir: Path) -> int:
 
 
 def exit_without_teardown(code: int) -> None:
-    """End the rank as the interpreter would, less its last phase: join the threads that are
-    not daemons, run the atexit handlers (multiprocessing's, a tracker's), flush the logs and
-    the standard streams, then `os._exit`. The phase left out, tearing down every module and
-    collecting torch's objects one by one, took 0.4-1.2 s per rank after its work was done
-    and its files were closed (docs/BENCHMARKS.md, "Issue 37 — a rank's exit"): time every
-    job paid, on every rank, before its launcher could return. `atexit._run_exitfuncs` is
-    CPython's own; where it is missing the rank exits the ordinary way."""
+    """End the rank as the interpreter would, less its last phase: threading's own shutdown
+    (its exit hooks, e.g. ThreadPoolExecutor's, then a join of every thread that is not a
+    daemon), the atexit handlers (multiprocessing's, a tracker's), the logs and the standard
+    streams flushed, then `os._exit`. The phase left out, tearing down every module and
+    collecting torch's objects one by one, took 1.2-3.2 s per launch after the rank's work
+    was done and its files were closed (docs/BENCHMARKS.md, "Issue 37 — a rank's exit").
+    `threading._shutdown` and `atexit._run_exitfuncs` are CPython's own (what its
+    finalisation calls, in that order); where either is missing the rank exits the ordinary
+    way."""
+    shutdown_threads = getattr(threading, "_shutdown", None)
     run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
-    if not callable(run_exitfuncs):
+    if not (callable(shutdown_threads) and callable(run_exitfuncs)):
         sys.exit(code)
-    main_thread = threading.main_thread()
-    for thread in threading.enumerate():
-        if thread is not main_thread and not thread.daemon:
-            thread.join()
+    shutdown_threads()
     run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
