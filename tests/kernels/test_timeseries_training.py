@@ -12,7 +12,7 @@ import pytest
 from tests.checkpoint.conftest import losses
 from tests.conftest import launch
 
-STEPS = 16
+STEPS = 10
 FUSED = [
     "experiment=returns",
     "model.num_layers=1",
@@ -21,7 +21,7 @@ FUSED = [
     "model.cross_section_norm=true",
     "model.loss=huber",
     "model.init_std=0.3",  # predictions far from the targets at first: a loss with room to fall
-    "optim.lr=3e-3",
+    "optim.lr=1e-2",
     "data.seq_len=8",
     "data.synthetic_times=3000",
     "data.num_workers=1",
@@ -30,10 +30,10 @@ FUSED = [
     "trainer.eval_batches=1",
     "trainer.progress=false",
 ]
-CKPT = ["checkpoint.enabled=true", "checkpoint.interval_steps=8"]
+CKPT = ["checkpoint.enabled=true", "checkpoint.interval_steps=7"]
 
 
-@pytest.mark.slow  # ~1.5 min on 2 CPU cores: interpreted Triton in every step, two runs
+@pytest.mark.slow  # ~35 s on 2 CPU cores: interpreted Triton in every step, two runs
 def test_fused_path_trains_and_its_checkpoint_resumes_on_one_rank(tmp_path) -> None:
     first, again = tmp_path / "first", tmp_path / "again"
     cache = f"data.cache_dir={tmp_path / 'cache'}"
@@ -42,13 +42,13 @@ def test_fused_path_trains_and_its_checkpoint_resumes_on_one_rank(tmp_path) -> N
     reference = losses(first)
     assert sorted(reference) == list(range(1, STEPS + 1))
     curve = [reference[s] for s in sorted(reference)]
-    assert statistics.mean(curve[-4:]) < 0.9 * statistics.mean(curve[:4]), curve
+    assert statistics.mean(curve[-3:]) < 0.9 * statistics.mean(curve[:3]), curve
 
-    source = first / "checkpoints" / "step-00000008"
+    source = first / "checkpoints" / "step-00000007"
     resume = [f"checkpoint.resume_from={source}", "cluster.tasks_per_node=1"]
     done = launch(*FUSED, *CKPT, cache, f"hydra.run.dir={again}", *resume)
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = losses(again)
-    assert sorted(resumed) == list(range(9, STEPS + 1))
+    assert sorted(resumed) == list(range(8, STEPS + 1))
     for step, loss in resumed.items():
         assert loss == pytest.approx(reference[step], abs=1e-4)  # reduction order differs
