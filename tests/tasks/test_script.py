@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -92,6 +93,22 @@ def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
         timeout=60,
     )
     assert "completed" in status.stdout
+    assert "step        4 / -" in status.stdout  # the script decides its total, not trainer.steps
+    shown = {
+        name: subprocess.run(
+            [os.sys.executable, "-m", "toolkit.cli.main", name, *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
+        for name, args in (("runs", ["--json", str(run.parent)]), ("watch", [str(run), "--once"]))
+    }
+    assert all(r.returncode == 0 for r in shown.values()), shown
+    (listed,) = json.loads(shown["runs"].stdout)
+    assert (listed["state"], listed["steps"], listed["total_steps"]) == ("completed", 4, None)
+    for rank in (0, 1):  # watch's ranks table: each rank at the script's last logged step
+        assert re.search(rf"│\s+{rank}\s+│\s+4\s+│", shown["watch"].stdout), shown["watch"].stdout
 
 
 @pytest.mark.slow
@@ -187,6 +204,22 @@ def test_dry_run_says_what_every_rank_would_run(capsys):
         launch_main([f"script.path={DDP}", "script.args=[--steps,2]", "launch.dry_run=true"]) == 0
     )
     assert "ddp_train.py --steps 2" in capsys.readouterr().out
+
+
+def test_a_sweep_of_a_script_on_slurm_is_one_job_array(capsys, tmp_path):
+    argv = [
+        "-m",
+        f"script.path={DDP}",
+        "script.args=[--lr,0.1],[--lr,0.2]",
+        "cluster=slurm",
+        "launch.dry_run=true",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    assert launch_main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("#SBATCH --array=0-1") == 1  # one array of two elements
+    assert "-m toolkit.entrypoint" in out and '"$SLURM_ARRAY_TASK_ID"' in out
+    assert not (tmp_path / "sweep").exists()  # a dry run writes and submits nothing
 
 
 def test_session_is_a_no_op_outside_a_toolkit_launch(tmp_path):

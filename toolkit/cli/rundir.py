@@ -146,7 +146,10 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
     try:
         launch = OmegaConf.to_container(OmegaConf.load(run_dir / "launch.yaml"))
         config = OmegaConf.load(run_dir / "config.yaml")
-        total_steps = int(config.trainer.steps)
+        script = config.get("script") or {}
+        # Your own script decides how many steps it takes: trainer.steps is not its total.
+        ran_script = bool(script.get("path") or script.get("module"))
+        total_steps = None if ran_script else int(config.trainer.steps)
     except Exception as exc:  # noqa: BLE001 - YAML, OmegaConf and key errors alike
         raise RunDirUnreadable(
             f"{run_dir}: config.yaml or launch.yaml unreadable ({exc})"

@@ -34,7 +34,7 @@ def format_status(info: RunInfo) -> str:
             if info.job_id
             else ""
         ),
-        f"step        {info.steps if info.steps is not None else '-'} / {info.total_steps}",
+        f"step        {info.steps if info.steps is not None else '-'} / {info.total_steps or '-'}",
         f"loss        {_num(info.loss, '.4f')}",
         f"tokens/s    {_num(info.tokens_per_s, ',.0f')}",
         f"checkpoint  {info.last_checkpoint or '-'}",
@@ -72,7 +72,7 @@ def format_runs(infos: list[RunInfo]) -> str:
     header = f"{'state':<10} {'steps':>11} {'loss':>8} {'tokens/s':>10}  {'run dir':<40} overrides"
     rows = [header]
     for i in infos:
-        steps = f"{i.steps if i.steps is not None else '-'}/{i.total_steps}"
+        steps = f"{i.steps if i.steps is not None else '-'}/{i.total_steps or '-'}"
         rows.append(
             f"{i.state:<10} {steps:>11} {_num(i.loss, '.4f'):>8} {_num(i.tokens_per_s, ',.0f'):>10}"
             f"  {i.run_dir:<40} {' '.join(i.overrides)}"
