@@ -1,16 +1,21 @@
-"""`make test`: the whole suite, with the dev-cluster tests overlapping the quick ones.
+"""`make test`: the whole suite, with the dev-cluster tests overlapping the others.
 
 The tests marked `slurm` spend most of their time waiting on the scheduler, on requeues and
-on stalls they inject (58-70 % of the two cores idle while they ran, docs/BENCHMARKS.md,
-"Issue 37 — the suite in two streams"). So they run in a second pytest process, started
-first, while this one runs the quick tests (neither `slurm` nor `slow`: unit tests of a few
-seconds at most, which measure no timing). The slow tests, real launches among which the
-watchdog, straggler and stall tests time what they see, run after both, alone on the cores
-as before. Every test still runs once; nothing is skipped that ran before.
+on stalls they inject (41-70 % of the two cores idle while they ran, docs/BENCHMARKS.md,
+"Issue 37 — the suite's time on 2026-12-04"). So they run in a second pytest process,
+started first, while this one runs, in turn:
 
-`make test ARGS="..."` (any pytest argument) runs one plain pytest with those arguments.
-The last line is the whole suite's count, `suite: N passed, N failed, N skipped`, from
-each stream's JUnit XML; the exit status is non-zero when any stream failed.
+1. the quick tests (neither `slurm` nor `slow`: unit tests of a few seconds at most, which
+   time nothing);
+2. the slow tests marked `load_tolerant`: real launches that compare losses, files and
+   layouts, and time nothing;
+3. once the Slurm tests have ended, the other slow tests alone on the cores as before: among
+   them the hang watchdog, straggler, stall and fail-fast tests, which time what they see.
+
+Every test runs once; nothing is skipped that ran before. `make test ARGS="..."` (any pytest
+argument) runs one plain pytest with those arguments instead. The last line is the whole
+suite's count, `suite: N passed, N failed, N skipped`, from each stream's JUnit XML; the exit
+status is non-zero when any stream failed.
 """
 
 from __future__ import annotations
@@ -47,7 +52,9 @@ class Stream:
 
 SLURM = Stream("slurm", "slurm")
 QUICK = Stream("quick", "not slurm and not slow")
-SLOW = Stream("slow", "slow and not slurm")
+TOLERANT = Stream("tolerant", "slow and load_tolerant and not slurm")
+SLOW = Stream("slow", "slow and not load_tolerant and not slurm")
+FOREGROUND_BESIDE_SLURM = (QUICK, TOLERANT)
 
 
 @dataclass
@@ -88,15 +95,17 @@ def main(argv: list[str]) -> int:
                 SLURM.command(tmp), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
             )
             print(f"== {SLURM.name} tests (-m {SLURM.marks!r}) started alongside", flush=True)
-            print(f"== {QUICK.name} tests (-m {QUICK.marks!r})", flush=True)
-            codes = {QUICK.name: subprocess.call(QUICK.command(tmp), cwd=REPO)}
+            codes = {}
+            for stream in FOREGROUND_BESIDE_SLURM:
+                print(f"== {stream.name} tests (-m {stream.marks!r})", flush=True)
+                codes[stream.name] = subprocess.call(stream.command(tmp), cwd=REPO)
             codes[SLURM.name] = background.wait()
         print(f"== {SLURM.name} tests (-m {SLURM.marks!r}), their output:", flush=True)
         sys.stdout.write(log.read_text(errors="replace"))
         print(f"== {SLOW.name} tests (-m {SLOW.marks!r})", flush=True)
         codes[SLOW.name] = subprocess.call(SLOW.command(tmp), cwd=REPO)
         total = Counts()
-        for stream in (QUICK, SLURM, SLOW):
+        for stream in (*FOREGROUND_BESIDE_SLURM, SLURM, SLOW):
             total.add(counts(tmp / f"{stream.name}.xml"))
     minutes = (time.monotonic() - started) / 60
     failed_streams = [name for name, code in codes.items() if code != 0]

@@ -11,6 +11,8 @@ import pytest
 
 from tests.checkpoint.conftest import CKPT, events, launch, losses
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 PP = ["cluster.tasks_per_node=4", "parallel.pp=2", "parallel.dp_shard=2"]
 DP = ["cluster.tasks_per_node=2", "parallel.dp_shard=2"]
 KEEP = ["trainer.grad_accum=2", "checkpoint.keep_last=4"]

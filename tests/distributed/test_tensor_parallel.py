@@ -23,6 +23,8 @@ from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import validate
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 STEPS = 10
 RESUME_AT = 5
 RTOL = 1e-5

@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 DOC = REPO / "docs" / "extending.md"
 BLOCK = re.compile(
     r"<!-- (file: (?P<path>\S+)|run|entry-points) -->\n```\w*\n(?P<body>.*?)```", re.S

@@ -12,6 +12,8 @@ import pytest
 from tests.checkpoint.conftest import losses
 from tests.conftest import launch
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 STEPS = 10
 FUSED = [
     "experiment=returns",

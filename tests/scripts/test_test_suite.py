@@ -4,6 +4,7 @@ the closing line counts what each stream's pytest wrote in its JUnit XML."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import subprocess
 import sys
 
@@ -16,14 +17,11 @@ spec.loader.exec_module(suite)
 
 
 def test_the_streams_split_the_markers_so_that_every_test_runs_exactly_once():
-    combos = [(slurm, slow) for slurm in (False, True) for slow in (False, True)]
-    for slurm, slow in combos:
-        chosen = [
-            s.name
-            for s in (suite.SLURM, suite.QUICK, suite.SLOW)
-            if eval(s.marks, {}, {"slurm": slurm, "slow": slow})  # noqa: S307 - our own marks
-        ]
-        assert len(chosen) == 1, (slurm, slow, chosen)
+    streams = (suite.SLURM, *suite.FOREGROUND_BESIDE_SLURM, suite.SLOW)
+    for slurm, slow, tolerant in itertools.product((False, True), repeat=3):
+        marks = {"slurm": slurm, "slow": slow, "load_tolerant": tolerant}
+        chosen = [s.name for s in streams if eval(s.marks, {}, marks)]  # noqa: S307 - ours
+        assert len(chosen) == 1, (marks, chosen)
 
 
 def test_the_closing_line_counts_a_real_pytest_runs_junit_xml(tmp_path):

@@ -11,6 +11,8 @@ import pytest
 from tests.checkpoint.conftest import logs
 from tests.conftest import launch, losses
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 @pytest.mark.slow
 def test_every_last_and_kept_parameters_train_the_same_losses(tmp_path, tiny) -> None:

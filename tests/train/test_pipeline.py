@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import launch
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 STEPS = 20
 BASE = [
     "model=gpt_tiny",
