@@ -356,6 +356,54 @@ def cost_rows(
     return rows
 
 
+@dataclass(frozen=True)
+class Planning:
+    """A job's layouts ranked as `python -m toolkit.plan` ranks them."""
+
+    job: JobConfig
+    overrides: list[str]  # the given ones and the defaults taken: what the plans are for
+    defaults: list[str]  # one line per default taken, for the user
+    model: TransformerConfig | CountedShape
+    base: Layout
+    batch: int
+    kernels: tuple[str, ...] | None  # the memory options enumerated (None: the job's own)
+    optimizers: tuple[str, ...] | None
+    skipped: list[str]  # one line per memory option left out, with the reason
+    plans: list[Plan]  # those that fit, fastest first
+    dropped: int  # how many did not fit
+
+
+def plan_job(
+    given: list[str],
+    config_dirs: list[str] | None = None,
+    seq_len: int | None = None,
+    with_memory_options: bool = True,
+) -> Planning | None:
+    """Compose the job, take the planning defaults (planning_defaults), and rank its layouts;
+    None after printing each config problem as one `error:` line (job_or_none).
+    `with_memory_options=False` ranks the job's own kernels and optimizer only."""
+    from toolkit.config.compose import job_or_none
+    from toolkit.perfmodel.count_job import perf_model
+
+    dirs = config_dirs or []
+    job = job_or_none(given, dirs)
+    if job is None:
+        return None
+    added, defaults = planning_defaults(job, given, seq_len)
+    overrides = [*given, *added]
+    job = job_or_none(overrides, dirs) if added else job
+    if job is None:
+        return None
+    base = base_layout(job)
+    batch = job_global_batch(job, world_size(job.cluster))
+    kernels, optimizers, skipped = memory_options(job) if with_memory_options else (None, None, [])
+    model = perf_model(job)  # the built-in shape, or your model's counted costs
+    plans, dropped = rank_plans(model, base, job.hardware, batch, kernels, optimizers)
+    return Planning(
+        job, overrides, defaults, model, base, batch, kernels, optimizers, skipped, plans, dropped
+    )
+
+
 def spread(plans: list[P], k: int) -> list[P]:
     """k plans spread over the ranking (the best, the worst and evenly between): their
     predicted differences are large enough for a short run on a noisy machine to tell
@@ -421,35 +469,25 @@ def main(argv: list[str] | None = None, check: Check | None = None) -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
-    from toolkit.config.compose import compose_raw, job_or_none, to_job
+    from toolkit.config.compose import compose_raw, to_job
 
     if args.seq_len is not None and args.seq_len < 1:
         print(f"error: --seq-len={args.seq_len}: must be >= 1", file=sys.stderr)
         return 2
-    job = job_or_none(args.overrides, args.config_dir)
-    if job is None:
+    planning = plan_job(args.overrides, args.config_dir, args.seq_len)
+    if planning is None:
         return 2
-    added, defaults = planning_defaults(job, args.overrides, args.seq_len)
-    overrides = [*args.overrides, *added]  # what the plans are for, and --check/--cost run
-    job = job_or_none(overrides, args.config_dir) if added else job
-    if job is None:
-        return 2
-    base = base_layout(job)
-    batch = job_global_batch(job, world_size(job.cluster))
-    kernels, optimizers, skipped = memory_options(job)
-    from toolkit.perfmodel.count_job import perf_model
-
-    model = perf_model(job)  # the built-in shape, or your model's counted costs
-    plans, dropped = rank_plans(model, base, job.hardware, batch, kernels, optimizers)
+    job, overrides, base, batch = planning.job, planning.overrides, planning.base, planning.batch
+    plans = planning.plans
     title = (
         f"{shape_name(job, overrides)} on {base.world_size} x {job.hardware.name}, "
         f"{job.precision.name}, global batch {batch} x {base.seq_len} tokens"
     )
-    for line in defaults:
+    for line in planning.defaults:
         print(line)
     print(batch_line(job, world_size(job.cluster), batch, base.seq_len))
-    print_plans(plans, dropped, args.top, title)
-    for line in skipped:
+    print_plans(plans, planning.dropped, args.top, title)
+    for line in planning.skipped:
         print(line)
     if not plans:
         print("no layout fits in memory")
@@ -465,7 +503,16 @@ def main(argv: list[str] | None = None, check: Check | None = None) -> int:
             n: to_job(compose_raw([*overrides, f"hardware={n}"], args.config_dir)).hardware
             for n in price_table
         }
-        rows = cost_rows(model, base, batch, presets, price_table, args.tokens, kernels, optimizers)
+        rows = cost_rows(
+            planning.model,
+            base,
+            batch,
+            presets,
+            price_table,
+            args.tokens,
+            planning.kernels,
+            planning.optimizers,
+        )
         print(f"cost to train {args.tokens:.3g} tokens on {base.world_size} devices:")
         for r in rows:
             if not r["fits"]:

@@ -115,24 +115,14 @@ def planning_overrides(preset: str) -> list[str]:
 
 def pick_plans(preset: str, k: int) -> Ranking:
     """k picks spread over the planner's ranking, best first, planned the way
-    `python -m toolkit.plan` plans (its defaults add the model's sequence length)."""
-    from toolkit.config.compose import compose_raw, to_job
-    from toolkit.config.shape import world_size
-    from toolkit.perfmodel.count_job import perf_model
-    from toolkit.plan import (
-        base_layout,
-        job_global_batch,
-        planning_defaults,
-        rank_plans,
-        spread,
-    )
+    `python -m toolkit.plan` plans (toolkit.plan.plan_job: its defaults add the model's
+    sequence length), without the memory options."""
+    from toolkit.plan import plan_job, spread
 
-    overrides = planning_overrides(preset)
-    added, _ = planning_defaults(to_job(compose_raw(overrides)), overrides, None)
-    overrides = [*overrides, *added]
-    job = to_job(compose_raw(overrides))
-    batch = job_global_batch(job, world_size(job.cluster))
-    plans, _ = rank_plans(perf_model(job), base_layout(job), job.hardware, batch)
+    planning = plan_job(planning_overrides(preset), with_memory_options=False)
+    if planning is None:  # its problems are on stderr already
+        raise ValueError(f"the planned job does not compose: {planning_overrides(preset)}")
+    plans, overrides = planning.plans, planning.overrides
     ranks = spread(list(range(len(plans))), k)
     picks = [
         Pick(i + 1, plans[i], [*overrides, *RUN_SETTINGS, *plans[i].overrides()]) for i in ranks
