@@ -59,15 +59,32 @@ def test_telemetry_gpu_rows_are_counted_from_the_runs_node_files(tmp_path):
     assert gpu_telemetry_samples(tmp_path / "no-such-run") == 0
 
 
-def test_summary_table_shows_mfu_memory_verdict_and_failed_runs():
-    from rich.console import Console
-
-    report = {
+def h200_report(runs: list[dict], telemetry: dict, **more) -> dict:
+    """A GPU check's report on an H200 whose NCCL check passed and whose matmul reached
+    750 of the datasheet's 989 TFLOP/s: `runs`, `telemetry` and any other section given."""
+    return {
         "device": "NVIDIA H200",
         "nccl": {"ok": True, "nccl_version": "2.27.3", "seconds": 1.2},
         "matmul_peak_flops": 7.5e14,
         "datasheet_peak_flops": 9.89e14,
-        "runs": [
+        "runs": runs,
+        "telemetry": telemetry,
+        **more,
+    }
+
+
+def rendered_summary(report: dict, width: int = 200) -> str:
+    """The summary table as the terminal shows it."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True)
+    console.print(summary_table(report))
+    return console.export_text()
+
+
+def test_summary_table_shows_mfu_memory_verdict_and_failed_runs():
+    report = h200_report(
+        [
             {
                 "name": "gpt_small",
                 "compile": False,
@@ -78,11 +95,9 @@ def test_summary_table_shows_mfu_memory_verdict_and_failed_runs():
             },
             {"name": "gpt_1b", "compile": True, "exit_code": 1, "reason": "exit 1; logs in L"},
         ],
-        "telemetry": {"samples": 123, "runs": 1, "runs_with_samples": 1},
-    }
-    console = Console(width=200, record=True)
-    console.print(summary_table(report))
-    text = console.export_text()
+        {"samples": 123, "runs": 1, "runs_with_samples": 1},
+    )
+    text = rendered_summary(report)
     assert "76% of datasheet 989" in text  # 750 / 989 TFLOP/s
     assert "MFU 40.0% of measured peak, 30.0% of datasheet" in text
     assert "memory meas/pred 1.15 (outside 10%)" in text

@@ -13,10 +13,10 @@ import pytest
 import torch
 from rich.console import Console
 
+from tests.measure.test_gpu_check import h200_report, rendered_summary
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.shape import world_size
 from toolkit.measure.gpu import main as gpu_check
-from toolkit.measure.gpu import summary_table
 from toolkit.measure.gpu_plans import Ranking, pick_plans, plan_rows, plan_step, plans_ok
 from toolkit.perfmodel.job import layout_from_job
 
@@ -214,18 +214,8 @@ def test_a_skipped_or_failed_step_is_one_row():
 
 
 def test_the_gpu_checks_summary_table_carries_the_planner_rows():
-    report = {
-        "device": "NVIDIA H200",
-        "nccl": {"ok": True, "nccl_version": "2.27.3", "seconds": 1.2},
-        "matmul_peak_flops": 7.5e14,
-        "datasheet_peak_flops": 9.89e14,
-        "runs": [],
-        "plans": MEASURED,
-        "telemetry": {"samples": 0, "runs": 0, "runs_with_samples": 0},
-    }
-    console = Console(width=400, record=True)
-    console.print(summary_table(report))
-    text = console.export_text()
+    no_rows = {"samples": 0, "runs": 0, "runs_with_samples": 0}
+    text = rendered_summary(h200_report([], no_rows, plans=MEASURED), width=400)
     assert "plan #1 of 52" in text and "meas/pred 0.89" in text
     assert "Spearman 1.00 over 2 picks" in text
 
