@@ -4,10 +4,13 @@
 Installs the stack dump for the hang watchdog (DUMP_SIGNAL), then runs the script as
 `__main__` with sys.argv as `python FILE ARGS` or `python -m NAME ARGS` would set it. A
 failure keeps its traceback in RUN_DIR/logs/error-rank<k>.txt for the launcher to show.
+After the script returns, its torch objects are released while the interpreter is still
+whole (`release_torch_state`).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import runpy
 import sys
@@ -31,8 +34,8 @@ def main(argv: list[str]) -> int:
             sys.argv = [target, *args]
             sys.path[0] = str(Path(target).parent)  # as `python FILE` does
             runpy.run_path(target, run_name="__main__")
-    except SystemExit:
-        raise
+    except SystemExit as stop:
+        code = stop.code  # raised again below, once the script's frames are gone
     except BaseException:  # noqa: BLE001 - the script's failure, with its rank, for the launcher
         text = traceback.format_exc()
         sys.stderr.write(text)
@@ -42,7 +45,26 @@ def main(argv: list[str]) -> int:
         finally:
             sys.stderr.flush()
         return 1
+    else:
+        code = 0
+    if code not in (None, 0):
+        raise SystemExit(code)
+    release_torch_state()
     return 0
+
+
+def release_torch_state() -> None:
+    """Free what the script left of torch while the interpreter is still whole: a process
+    group it did not destroy, and the objects caught in reference cycles (a DDP module, its
+    reducer, gloo's pending work) that the interpreter would otherwise free only during
+    finalisation. Freed there, gloo's worker threads can abort the process after a
+    successful run ("terminate called without an active exception", exit 134; seen once in
+    CI on a script that had destroyed its process group; pytorch/pytorch#179291 describes
+    the same crash for one that had not)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 if __name__ == "__main__":
