@@ -113,9 +113,18 @@ def free(run_dir) -> bool:
 
 
 @pytest.mark.slow
-def test_ranks_end_with_their_launcher_checkpointed_and_a_relaunch_resumes(tmp_path, start):
+@pytest.mark.parametrize("rank_start", ["exec", "fork"])
+def test_ranks_end_with_their_launcher_checkpointed_and_a_relaunch_resumes(
+    tmp_path, start, rank_start
+):
     run_dir = tmp_path / "run"
-    job = start(run_dir, *CKPT, "checkpoint.interval_steps=100", "fault.data_delay_s=0.3")
+    job = start(
+        run_dir,
+        *CKPT,
+        "checkpoint.interval_steps=100",
+        "fault.data_delay_s=0.3",
+        f"launch.rank_start={rank_start}",
+    )
     steps = run_dir / "metrics" / "rank0.jsonl"
     wait_for(lambda: steps.exists() and steps.read_text().strip(), what="the first step")
     assert not free(run_dir)  # the launcher and its ranks hold it

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO, launch
 from toolkit.errors import EXIT_HANG
+from toolkit.executors import rundir_lock
 from toolkit.launch import main as launch_main
 
 SCRIPTS = REPO / "tests" / "fixtures" / "scripts"
@@ -181,6 +182,8 @@ def test_a_module_that_never_joins_a_process_group_runs_alone_on_every_rank(tmp_
     assert json.loads((run / "summary.json").read_text())["exit_code"] == 0
     left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout
     assert left == "", f"processes of the run still running: {left}"
+    rundir_lock.acquire(run)  # free: every rank (each holds it) has ended
+    rundir_lock.release(run)
 
 
 @pytest.mark.parametrize(
@@ -275,6 +278,18 @@ def test_a_preemption_signal_saves_and_the_relaunch_resumes(tmp_path):
 
 
 def wrapper_pids(launcher: int) -> list[int]:
-    """The rank wrappers: the launcher's children."""
-    out = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True)
+    """The rank wrappers: the launcher's children, or the children of its rank server when
+    it forks them (launch.rank_start)."""
+    ranks = []
+    for pid in children(launcher):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"toolkit.executors.rank_server" in cmdline:
+            ranks += children(pid)
+        elif b"toolkit.entrypoint" in cmdline:
+            ranks.append(pid)
+    return ranks
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]

@@ -6,6 +6,7 @@ Rank 0 writes to this terminal; every other rank to RUN_DIR/logs/rank<k>.{out,er
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -16,10 +17,11 @@ import threading
 import time
 from pathlib import Path
 
-from toolkit.config.shape import tasks_per_node
+from toolkit.config.shape import local_gpu_count, tasks_per_node
 from toolkit.distributed.env import free_port
 from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root, rundir_lock
+from toolkit.executors.rank_start import Rank, RankServer, use_fork
 from toolkit.fault.hang import hang_summaries
 from toolkit.redact import redact
 
@@ -165,29 +167,26 @@ class LocalExecutor:
         port = job.cluster.master_port or free_port()
         logs = run.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        procs: list[subprocess.Popen] = []
-        files = []
-        # Every rank holds the run dir's lock too: it is free only when the last one ends.
         lock_fd = rundir_lock.held_fd(run.run_dir)
+        server = (
+            RankServer(rank_env(0, world, port, run.run_dir), logs / "rank_server.log")
+            if use_fork(job.launch.rank_start, local_gpu_count())
+            else None
+        )
         started = time.time()
-        for rank in range(world):
-            if rank == 0 and follow:
-                out, err = None, None
-            else:
-                out = open(logs / f"rank{rank}.out", "ab")  # noqa: SIM115
-                err = open(logs / f"rank{rank}.err", "ab")  # noqa: SIM115
-                files += [out, err]
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "toolkit.entrypoint", str(run.run_dir)],
-                    env=rank_env(rank, world, port, run.run_dir, job.cluster.cpus_per_task),
-                    stdout=out,
-                    stderr=err,
-                    stdin=subprocess.DEVNULL,
-                    pass_fds=() if lock_fd is None else (lock_fd,),
-                    preexec_fn=end_with(os.getpid()),
-                )
-            )
+        try:
+            procs = [
+                self._start_rank(run, rank, world, port, lock_fd, server, follow)
+                for rank in range(world)
+            ]
+            return self._follow(run, procs, follow, started)
+        finally:
+            if server is not None:
+                server.close()
+
+    def _follow(self, run: PreparedRun, procs: list[Rank], follow: bool, started: float) -> int:
+        """Supervise the ranks to their end; say how the run ended."""
+        job, logs = run.job, run.run_dir / "logs"
         # Ctrl-C stops the ranks at their next step even where SIGINT came in ignored (a
         # command started with `&` from a script): the ranks handle it themselves anyway.
         main = threading.current_thread() is threading.main_thread()
@@ -210,8 +209,6 @@ class LocalExecutor:
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)
-            for f in files:
-                f.close()
         hangs = hang_summaries(run.run_dir, since_unix=started) if failed is not None else []
         if hangs:
             # The node agent's watchdog ended the ranks after dumping their stacks.
@@ -232,9 +229,45 @@ class LocalExecutor:
                 print(f"--- rank {failed} (tail) ---\n{report}", file=sys.stderr)
         return code
 
-    def _supervise(
-        self, procs: list[subprocess.Popen], grace_s: float, logs: Path
-    ) -> tuple[int, int | None]:
+    @staticmethod
+    def _start_rank(
+        run: PreparedRun,
+        rank: int,
+        world: int,
+        port: int,
+        lock_fd: int | None,
+        server: RankServer | None,
+        follow: bool,
+    ) -> Rank:
+        """One rank, with the environment torchrun gives it, forked by `server` or started
+        in a fresh interpreter; rank 0 on this terminal when followed, the others (and rank 0
+        otherwise) into RUN_DIR/logs/rank<k>.{out,err}. Every rank holds the run dir's lock
+        too: it is free only when the last one ends."""
+        logs = run.run_dir / "logs"
+        env = rank_env(rank, world, port, run.run_dir, run.job.cluster.cpus_per_task)
+        with contextlib.ExitStack() as files:
+            if rank == 0 and follow:
+                streams = None, None
+            else:
+                streams = tuple(
+                    files.enter_context(open(logs / f"rank{rank}.{kind}", "ab"))  # noqa: SIM115
+                    for kind in ("out", "err")
+                )
+            if server is not None:  # descriptors 1 and 2: this process's own streams
+                fds = [1 if streams[0] is None else streams[0].fileno()]
+                fds.append(2 if streams[1] is None else streams[1].fileno())
+                return server.fork(run.run_dir, env, fds[0], fds[1], lock_fd)
+            return subprocess.Popen(
+                [sys.executable, "-m", "toolkit.entrypoint", str(run.run_dir)],
+                env=env,
+                stdout=streams[0],
+                stderr=streams[1],
+                stdin=subprocess.DEVNULL,
+                pass_fds=() if lock_fd is None else (lock_fd,),
+                preexec_fn=end_with(os.getpid()),
+            )
+
+    def _supervise(self, procs: list[Rank], grace_s: float, logs: Path) -> tuple[int, int | None]:
         while True:
             codes = [p.poll() for p in procs]
             failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
@@ -250,7 +283,7 @@ class LocalExecutor:
             time.sleep(POLL_S)
 
     @staticmethod
-    def _terminate(procs: list[subprocess.Popen], grace_s: float) -> bool:
+    def _terminate(procs: list[Rank], grace_s: float) -> bool:
         """SIGTERM the ranks, SIGKILL those still running after grace_s; whether any was."""
         for p in procs:
             if p.poll() is None:
