@@ -13,7 +13,7 @@ from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import GPTConfig, TimeSeriesConfig
 from toolkit.measure.plan_check import rank_agreement, spearman
 from toolkit.perfmodel import Layout, predict
-from toolkit.plan import cost_rows, layouts, rank_plans, spread
+from toolkit.perfmodel.planner import cost_rows, layouts, rank_plans, spread
 
 SMALL = GPTConfig(name="gpt_small", num_layers=4, dim=192, num_heads=6, vocab_size=256)
 # 2 nodes x 4 ranks, sequence 256
@@ -95,28 +95,23 @@ def test_a_spread_check_takes_the_best_the_worst_and_evenly_between():
 TINY_CHECK = ["model=gpt_tiny", "cluster.tasks_per_node=1", "trainer.global_batch_size=8"]
 
 
-def test_check_is_given_the_spread_plans_and_what_they_were_planned_for():
+def test_check_is_given_the_spread_plans_and_what_they_were_planned_for(monkeypatch):
+    from toolkit.measure import plan_check
     from toolkit.plan import main
 
     given = []
 
-    def check(plans, overrides, steps):  # stands for toolkit.measure.plan_check.check
+    def check(plans, overrides, steps):  # stands for the runs of toolkit.measure.plan_check
         given.append((plans, overrides, steps))
         return 0
 
+    monkeypatch.setattr(plan_check, "check", check)
     argv = ["--check", "2", "--spread", "--steps", "3", *TINY_CHECK, "data.seq_len=32"]
-    assert main(argv, check=check) == 0
+    assert main(argv) == 0
     plans, overrides, steps = given[0]
     best, worst = (p.prediction.tokens_per_s for p in plans)
     assert best > worst and steps == 3
     assert overrides == [*TINY_CHECK, "data.seq_len=32"]
-
-
-def test_check_from_the_library_needs_the_check_passed_in(capsys):
-    from toolkit.plan import main
-
-    assert main(["--check", "1", *TINY_CHECK]) == 2
-    assert "error: --check: runs from the command line only" in capsys.readouterr().err
 
 
 def test_run_plan_runs_the_benchmark_with_the_plans_overrides_and_reads_its_result(
@@ -289,7 +284,8 @@ def options_of(plan) -> tuple[str, str]:
 
 
 def test_when_memory_binds_the_plan_uses_fused_loss_and_8bit_states(capsys):
-    from toolkit.plan import KERNEL_OPTIONS, OPTIMIZER_OPTIONS, print_plans
+    from toolkit.perfmodel.planner import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
+    from toolkit.plan import print_plans
 
     everything, _ = rank_plans(BIG_VOCAB, ONE_GPU, GPU, 4, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
     least = {}
@@ -311,7 +307,7 @@ def test_when_memory_binds_the_plan_uses_fused_loss_and_8bit_states(capsys):
 
 
 def test_when_everything_fits_the_default_stays_first():
-    from toolkit.plan import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
+    from toolkit.perfmodel.planner import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
 
     plans, dropped = rank_plans(BIG_VOCAB, ONE_GPU, GPU, 4, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
     assert dropped == 0
@@ -322,7 +318,7 @@ def test_when_everything_fits_the_default_stays_first():
 
 
 def test_liger_is_offered_only_without_tensor_parallelism():
-    from toolkit.plan import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
+    from toolkit.perfmodel.planner import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
 
     found = layouts(NODE4, 16, WIDE, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
     assert {lay.tp for lay in found if lay.kernels == "liger"} == {1}
@@ -336,7 +332,7 @@ def test_memory_options_need_a_gpu_and_their_code(monkeypatch):
     import toolkit.config.compose as compose
     import toolkit.kernels.backend as backend
     from toolkit.config.job import JobConfig
-    from toolkit.plan import memory_options
+    from toolkit.perfmodel.planner import memory_options
 
     job = JobConfig()
     assert memory_options(job) == (("torch",), ("adamw",), ["memory options: GPU jobs only"])
@@ -352,7 +348,7 @@ def test_memory_options_need_a_gpu_and_their_code(monkeypatch):
 
 def test_the_overrides_of_a_memory_bound_plan_compose():
     from toolkit.config.compose import compose_raw, to_job
-    from toolkit.plan import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
+    from toolkit.perfmodel.planner import KERNEL_OPTIONS, OPTIMIZER_OPTIONS
 
     plans, _ = rank_plans(BIG_VOCAB, ONE_GPU, GPU, 4, KERNEL_OPTIONS, OPTIMIZER_OPTIONS)
     fused = next(p for p in plans if options_of(p) == ("liger", "adamw8bit"))

@@ -35,9 +35,17 @@ def test_an_uninterrupted_checkpointed_run_matches_the_reference(checkpointed_ru
 
 
 def rank_process(launcher_pid: int, rank: int) -> psutil.Process:
-    for child in psutil.Process(launcher_pid).children(recursive=True):
+    """Local rank `rank` of a launcher: an exec'd rank by its RANK variable; a forked one
+    (launch.rank_start=fork) as the rank server's child, which forks the ranks in order."""
+    for child in psutil.Process(launcher_pid).children():
         try:
-            if child.environ().get("RANK") == str(rank) and "toolkit.entrypoint" in child.cmdline():
+            if "toolkit.rank_server" in child.cmdline():
+                forked = sorted(child.children(), key=lambda p: (p.create_time(), p.pid))
+                if rank < len(forked):
+                    return forked[rank]
+            elif (
+                child.environ().get("RANK") == str(rank) and "toolkit.entrypoint" in child.cmdline()
+            ):
                 return child
         except psutil.Error:
             continue

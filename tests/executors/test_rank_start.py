@@ -4,8 +4,9 @@ A forked rank trains and logs as an exec'd one does; a fork with a GPU here is r
 
 from __future__ import annotations
 
-import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -57,7 +58,9 @@ def test_forked_ranks_train_log_and_end_as_exec_ranks_do(tmp_path, tiny):
 @pytest.mark.load_tolerant
 def test_a_killed_rank_server_stops_its_ranks_and_the_launcher_still_hears_them(tmp_path, tiny):
     """The ranks take the server's death as their launcher's (SIGTERM: stop at the next step);
-    the launcher, which adopts them, reaps them with their status instead of waiting on."""
+    the launcher, which adopts them, reaps them and ends with a failure instead of waiting on.
+    (Which rank it names, and whether with 75 or with SIGTERM's 143, depends on which rank
+    ends first: the same as when a launcher's ranks are signalled one by one.)"""
     run = tmp_path / "run"
     launcher = subprocess.Popen(
         [sys.executable, "-m", "toolkit.launch", *tiny, "trainer.steps=400"]
@@ -76,12 +79,12 @@ def test_a_killed_rank_server_stops_its_ranks_and_the_launcher_still_hears_them(
     (server,) = [
         p
         for p in psutil.Process(launcher.pid).children()
-        if "toolkit.executors.rank_server" in " ".join(p.cmdline())
+        if "toolkit.rank_server" in " ".join(p.cmdline())
     ]
     ranks = server.children()
     assert len(ranks) == 2
     server.kill()
     _, err = launcher.communicate(timeout=60)
-    assert launcher.returncode == EXIT_PREEMPTED, err[-2000:]
-    assert not any(r.is_running() and r.status() != psutil.STATUS_ZOMBIE for r in ranks)
-    assert json.loads((run / "summary.json").read_text())["exit_code"] == EXIT_PREEMPTED
+    assert launcher.returncode in (EXIT_PREEMPTED, 128 + signal.SIGTERM), err[-2000:]
+    assert re.search(r"rank [01] failed with exit code (75|143); the job was stopped", err)
+    assert not [r for r in ranks if r.is_running() and r.status() != psutil.STATUS_ZOMBIE]

@@ -283,7 +283,7 @@ def wrapper_pids(launcher: int) -> list[int]:
     ranks = []
     for pid in children(launcher):
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if b"toolkit.executors.rank_server" in cmdline:
+        if b"toolkit.rank_server" in cmdline:
             ranks += children(pid)
         elif b"toolkit.entrypoint" in cmdline:
             ranks.append(pid)

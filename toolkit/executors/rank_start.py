@@ -3,7 +3,7 @@ from one server process that has already imported torch and the toolkit (`fork`)
 
 A rank's start-up is mostly imports: torch, FSDP/DTensor, dynamo, about 2.5 s of CPU each
 (docs/BENCHMARKS.md, "Issue 37 — where a launch goes"). With `fork` they are paid once per
-launch: `python -m toolkit.executors.rank_server` imports them, then forks each rank on
+launch: `python -m toolkit.rank_server` imports them, then forks each rank on
 request, a copy-on-write child that is what `python -m toolkit.entrypoint RUN_DIR` would be:
 the same environment, working directory, standard streams (handed over as descriptors) and
 run-dir lock. The server reports each rank's exit status and ends, without a teardown, as
@@ -125,7 +125,7 @@ class RankServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "toolkit.executors.rank_server", str(theirs.fileno())],
+                [sys.executable, "-m", "toolkit.rank_server", str(theirs.fileno())],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=err,

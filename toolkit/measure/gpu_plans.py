@@ -1,10 +1,10 @@
 """The GPU check's planner step (toolkit.measure.gpu): does the planner's ranking hold here?
 
-The planner (toolkit.plan) ranks the layouts of gpt_1b on the device's hardware preset,
+The planner (toolkit.perfmodel.planner) ranks the layouts of gpt_1b on the device's hardware preset,
 1 node x 1 GPU, bf16, a global batch of 8 sequences x 2048 tokens (the model's max_seq_len).
 At world size 1 the layouts differ in micro-batch x accumulation, activation checkpointing,
 reshard_after_forward and, with accumulation, grad_sync and reshard_between_micro_steps.
-K picks spread over the ranking (toolkit.plan.spread: the best, the worst, evenly between, so
+K picks spread over the ranking (toolkit.perfmodel.planner.spread: the best, the worst, evenly between, so
 that their predicted differences exceed a short run's noise) each run eagerly for
 PICK_WARMUP + PICK_STEPS steps through the training benchmark (plan_check.run_plan, i.e.
 toolkit.measure.run, the launcher path of the check's other runs), training capped at
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the planner is imported when the step runs, not by the no-CUDA path
     from toolkit.perfmodel import Layout
-    from toolkit.plan import Plan
+    from toolkit.perfmodel.planner import Plan
 
 MODEL = "gpt_1b"
 GLOBAL_BATCH = 8  # sequences per step: 16,384 tokens; micro-batches 8, 4, 2, 1
@@ -115,9 +115,9 @@ def planning_overrides(preset: str) -> list[str]:
 
 def pick_plans(preset: str, k: int) -> Ranking:
     """k picks spread over the planner's ranking, best first, planned the way
-    `python -m toolkit.plan` plans (toolkit.plan.plan_job: its defaults add the model's
+    `python -m toolkit.plan` plans (toolkit.perfmodel.planner.plan_job: its defaults add the model's
     sequence length), without the memory options."""
-    from toolkit.plan import plan_job, spread
+    from toolkit.perfmodel.planner import plan_job, spread
 
     planning = plan_job(planning_overrides(preset), with_memory_options=False)
     if planning is None:  # its problems are on stderr already

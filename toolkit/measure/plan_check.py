@@ -2,7 +2,7 @@
 compare the measured order with the predicted one (toolkit.plan ranks; this runs).
 
 The top K plans often lie within a few per cent of each other, inside a short run's noise;
-`--spread` (toolkit.plan.spread) picks K plans over the whole ranking instead. The verdict:
+`--spread` (toolkit.perfmodel.planner.spread) picks K plans over the whole ranking instead. The verdict:
 whether the measured order is the predicted one, and Spearman's rank correlation. run_plan
 runs one plan; the GPU check's planner step (toolkit.measure.gpu_plans) runs its picks
 with it too."""
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 
 class RankedPlan(Protocol):
-    """What a check needs of a plan (toolkit.plan.Plan): its prediction and its overrides."""
+    """What a check needs of a plan (toolkit.perfmodel.planner.Plan): its prediction and its overrides."""
 
     prediction: Any
 
@@ -64,7 +64,7 @@ def run_plan(
 
 
 def check(plans: list[RankedPlan], overrides: list[str], steps: int) -> int:
-    """Run the given plans (the top k, or a spread: toolkit.plan.spread) locally through the
+    """Run the given plans (the top k, or a spread: toolkit.perfmodel.planner.spread) locally through the
     training benchmark; print predicted vs measured, whether the order holds and Spearman's rank
     correlation."""
     predicted, measured = [], []

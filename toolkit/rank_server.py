@@ -1,4 +1,4 @@
-"""`python -m toolkit.executors.rank_server FD`: the server of `launch.rank_start=fork`
+"""`python -m toolkit.rank_server FD`: the server of `launch.rank_start=fork`
 (toolkit.executors.rank_start). Imports what every rank imports, then, for each request on
 the socket FD (a rank's run dir, environment and working directory, with its stdout, stderr
 and run-dir lock as descriptors), forks the rank and says its pid; says each rank's exit
