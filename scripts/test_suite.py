@@ -2,15 +2,18 @@
 
 The tests marked `slurm` spend most of their time waiting on the scheduler, on requeues and
 on stalls they inject (41-70 % of the two cores idle while they ran, docs/BENCHMARKS.md,
-"Issue 37 — the suite's time on 2026-12-04"). So they run in a second pytest process,
-started first, while this one runs, in turn:
+"Issue 37 — the suite's time on 2026-12-04"), and with the local CPU ranks forked from one
+server the cores were still ~30 % idle beside them ("Issue 37 — forked CPU ranks"). So three
+pytest processes run at once, started together:
 
-1. the quick tests (neither `slurm` nor `slow`: unit tests of a few seconds at most, which
-   time nothing);
+1. the `slurm` tests;
 2. the slow tests marked `load_tolerant`: real launches that compare losses, files and
    layouts, and time nothing;
-3. once the Slurm tests have ended, the other slow tests alone on the cores as before: among
-   them the hang watchdog, straggler, stall and fail-fast tests, which time what they see.
+3. the quick tests (neither `slurm` nor `slow`: unit tests of a few seconds at most, which
+   time nothing).
+
+Once all three have ended, the other slow tests run alone on the cores as before: among them
+the hang watchdog, straggler, stall and fail-fast tests, which time what they see.
 
 Every test runs once; nothing is skipped that ran before. `make test ARGS="..."` (any pytest
 argument) runs one plain pytest with those arguments instead. The last line is the whole
@@ -20,6 +23,7 @@ status is non-zero when any stream failed.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import tempfile
@@ -54,7 +58,7 @@ SLURM = Stream("slurm", "slurm")
 QUICK = Stream("quick", "not slurm and not slow")
 TOLERANT = Stream("tolerant", "slow and load_tolerant and not slurm")
 SLOW = Stream("slow", "slow and not load_tolerant and not slurm")
-FOREGROUND_BESIDE_SLURM = (QUICK, TOLERANT)
+BACKGROUND = (SLURM, TOLERANT)  # started first, their output shown when they end
 
 
 @dataclass
@@ -89,23 +93,26 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="suite-") as name:
         tmp = Path(name)
-        log = tmp / "slurm.log"
-        with open(log, "wb") as out:
-            background = subprocess.Popen(
-                SLURM.command(tmp), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
-            )
-            print(f"== {SLURM.name} tests (-m {SLURM.marks!r}) started alongside", flush=True)
-            codes = {}
-            for stream in FOREGROUND_BESIDE_SLURM:
-                print(f"== {stream.name} tests (-m {stream.marks!r})", flush=True)
-                codes[stream.name] = subprocess.call(stream.command(tmp), cwd=REPO)
-            codes[SLURM.name] = background.wait()
-        print(f"== {SLURM.name} tests (-m {SLURM.marks!r}), their output:", flush=True)
-        sys.stdout.write(log.read_text(errors="replace"))
+        codes = {}
+        with contextlib.ExitStack() as stack:
+            background = {}
+            for stream in BACKGROUND:
+                out = stack.enter_context(open(tmp / f"{stream.name}.log", "wb"))
+                background[stream] = subprocess.Popen(
+                    stream.command(tmp), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+                )
+                print(f"== {stream.name} tests (-m {stream.marks!r}) started alongside", flush=True)
+            print(f"== {QUICK.name} tests (-m {QUICK.marks!r})", flush=True)
+            codes[QUICK.name] = subprocess.call(QUICK.command(tmp), cwd=REPO)
+            for stream, proc in background.items():
+                codes[stream.name] = proc.wait()
+        for stream in BACKGROUND:
+            print(f"== {stream.name} tests (-m {stream.marks!r}), their output:", flush=True)
+            sys.stdout.write((tmp / f"{stream.name}.log").read_text(errors="replace"))
         print(f"== {SLOW.name} tests (-m {SLOW.marks!r})", flush=True)
         codes[SLOW.name] = subprocess.call(SLOW.command(tmp), cwd=REPO)
         total = Counts()
-        for stream in (*FOREGROUND_BESIDE_SLURM, SLURM, SLOW):
+        for stream in (QUICK, *BACKGROUND, SLOW):
             total.add(counts(tmp / f"{stream.name}.xml"))
     minutes = (time.monotonic() - started) / 60
     failed_streams = [name for name, code in codes.items() if code != 0]

@@ -19,6 +19,10 @@ from toolkit.checkpoint.manifest import verify
 from toolkit.config.shape import split_global_batch
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, EXIT_RESUME_REFUSED
 
+# Real launches whose losses, files and refusals are compared; nothing here is timed, so the
+# slow ones run beside the Slurm tests (scripts/test_suite.py).
+pytestmark = pytest.mark.load_tolerant
+
 UNSET_GLOBAL = "trainer.global_batch_size=null"  # the default: micro x accum x world
 KEEP_4 = "checkpoint.keep_every=4"  # the step-4 checkpoint outlives retention
 

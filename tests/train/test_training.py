@@ -11,6 +11,7 @@ from tests.conftest import launch, losses
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_default_command_trains_and_fills_the_run_dir(tmp_path) -> None:
     run = tmp_path / "run"
     result = launch(
@@ -50,6 +51,7 @@ def test_default_command_trains_and_fills_the_run_dir(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_fsdp_shards_parameters_across_ranks(tmp_path, tiny) -> None:
     result = launch(*tiny, "cluster.tasks_per_node=2", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -62,6 +64,7 @@ def test_fsdp_shards_parameters_across_ranks(tmp_path, tiny) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_same_seed_gives_bitwise_identical_losses(tmp_path, tiny) -> None:
     runs = [tmp_path / "a", tmp_path / "b"]
     for run in runs:
@@ -74,6 +77,7 @@ def test_same_seed_gives_bitwise_identical_losses(tmp_path, tiny) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_gradient_accumulation_matches_a_larger_micro_batch(tmp_path, tiny) -> None:
     accumulated, single = tmp_path / "accum", tmp_path / "single"
     r1 = launch(
@@ -104,6 +108,7 @@ def test_a_failing_rank_fails_the_job_fast_with_its_error(tmp_path, tiny) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_time_series_transformer_learns_returns(tmp_path) -> None:
     result = launch(
         "experiment=returns",
@@ -119,6 +124,7 @@ def test_time_series_transformer_learns_returns(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_bf16_and_activation_checkpointing_train(tmp_path, tiny) -> None:
     result = launch(
         *tiny,
@@ -132,6 +138,7 @@ def test_bf16_and_activation_checkpointing_train(tmp_path, tiny) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_hsdp_mesh_trains_on_four_ranks(tmp_path, tiny) -> None:
     result = launch(*tiny, "parallel=hsdp", "cluster.tasks_per_node=4", f"hydra.run.dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -140,6 +147,7 @@ def test_hsdp_mesh_trains_on_four_ranks(tmp_path, tiny) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_compiled_blocks_train(tmp_path, tiny) -> None:
     result = launch(*tiny, "parallel.compile=true", f"hydra.run.dir={tmp_path}", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

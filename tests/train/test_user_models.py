@@ -85,6 +85,7 @@ def test_a_user_lstm_by_import_path_trains_sharded_in_samples_per_second(lstm_ru
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_the_user_model_run_has_telemetry_a_report_a_listing_and_an_export(lstm_run, tmp_path):
     node_files = list((lstm_run / "telemetry").glob("*.h5"))
     assert node_files, "no node telemetry file"
@@ -124,6 +125,7 @@ def test_the_user_model_run_has_telemetry_a_report_a_listing_and_an_export(lstm_
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_two_rank_user_checkpoint_resumes_on_one_rank(lstm_run, tmp_path):
     reference = losses(lstm_run)
     source = lstm_run / "checkpoints" / "step-00000004"
@@ -142,6 +144,7 @@ def test_a_two_rank_user_checkpoint_resumes_on_one_rank(lstm_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_preempted_user_model_checkpoints_and_resumes_bitwise(lstm_run, tmp_path):
     from tests.checkpoint.test_resume import rank_process
     from toolkit.errors import EXIT_PREEMPTED
@@ -196,6 +199,7 @@ def test_a_hung_rank_of_a_user_model_is_caught_by_the_watchdog(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_user_model_trains_on_a_user_dataset_from_the_command_line_alone(tmp_path):
     model = [o for o in LSTM if o.startswith("model.")]
     done = launch(
@@ -220,6 +224,7 @@ def test_a_user_model_trains_on_a_user_dataset_from_the_command_line_alone(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_tiny_hf_llama_trains_sharded_by_decoder_layer(tmp_path):
     done = launch(
         tmp_path,
@@ -239,6 +244,7 @@ def test_a_tiny_hf_llama_trains_sharded_by_decoder_layer(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_tiny_hf_llama_checkpoint_resumes_bitwise(tmp_path):
     hf = ["model=hf_llama_tiny", "data.seq_len=32", "trainer.progress=false"]
     whole = launch(tmp_path / "whole", *hf, "trainer.steps=6")
@@ -254,6 +260,7 @@ def test_a_tiny_hf_llama_checkpoint_resumes_bitwise(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_model_registered_by_entry_point_is_found_and_its_options_checked(tmp_path):
     dist = FIXTURES / "userpkg_dist"  # userpkg's installed metadata: its entry points
     series = [o for o in LSTM if not o.startswith("model.")]

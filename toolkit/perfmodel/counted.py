@@ -276,9 +276,7 @@ def _cast(batch: Batch, dtype: torch.dtype | None) -> Batch:
     return batch
 
 
-if __name__ == "__main__":
-    import sys
+if __name__ == "__main__":  # `python -m toolkit.perfmodel.counted`: the command line's alias
+    import runpy
 
-    from toolkit.perfmodel.count_cli import main
-
-    sys.exit(main())
+    runpy.run_module("toolkit.perfmodel.count_cli", run_name="__main__", alter_sys=True)
