@@ -9,8 +9,6 @@ Nothing imported here may start a thread or touch CUDA: the ranks are forked fro
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
 import os
 import selectors
@@ -19,8 +17,9 @@ import socket
 import sys
 import traceback
 
-MESSAGE_BYTES = 1 << 20
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+from toolkit.executors.local import end_with
+from toolkit.executors.rank_start import MESSAGE_BYTES
+
 # Signals meant for the ranks (a preemption notice, Ctrl-C, a group-wide SIGTERM) that
 # would otherwise end the server: it ignores them, its ranks get their defaults back.
 LEFT_TO_THE_RANKS = (
@@ -90,10 +89,7 @@ def become_rank(request: dict, fds: list[int]) -> None:
     signal.set_wakeup_fd(-1)
     for sig in (*LEFT_TO_THE_RANKS, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    if os.getppid() != server:  # the server died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
+    end_with(server)()  # SIGTERM when the server dies, as an exec'd rank's launcher
     out, err = fds[0], fds[1]  # fds[2], the run dir's lock, stays open until the rank ends
     null = os.open(os.devnull, os.O_RDONLY)
     for src, dst in ((null, 0), (out, 1), (err, 2)):
