@@ -2,18 +2,21 @@
 
 The tests marked `slurm` spend most of their time waiting on the scheduler, on requeues and
 on stalls they inject (41-70 % of the two cores idle while they ran, docs/BENCHMARKS.md,
-"Issue 37 — the suite's time on 2026-12-04"), and with the local CPU ranks forked from one
-server the cores were still ~30 % idle beside them ("Issue 37 — forked CPU ranks"). So three
-pytest processes run at once, started together:
+"Issue 37 — the suite's time on 2026-12-04"), and the local tests left the cores ~30 % idle
+beside them when each stream was one pytest process ("Issue 37 — forked CPU ranks"). So two
+pytest processes start together:
 
 1. the `slurm` tests;
-2. the slow tests marked `load_tolerant`: real launches that compare losses, files and
-   layouts, and time nothing;
-3. the quick tests (neither `slurm` nor `slow`: unit tests of a few seconds at most, which
-   time nothing).
+2. every test that times nothing, in two pytest-xdist workers that take tests from one
+   queue: the quick tests (neither `slurm` nor `slow`) and the slow tests marked
+   `load_tolerant` (real launches that compare losses, files, layouts and exit statuses,
+   and wait on events, never on the clock). A worker that has finished its share takes
+   another's, so a long launch never leaves a core idle behind it.
 
-Once all three have ended, the other slow tests run alone on the cores as before: among them
-the hang watchdog, straggler, stall and fail-fast tests, which time what they see.
+Once both have ended, the other slow tests run alone on the cores, one at a time: the hang
+watchdog, straggler, stall, agent-restart, fail-fast and benchmark tests, which time what
+they see (pytest-xdist workers beside them failed a straggler test: "Issue 37 — the
+suite's time, and where it goes").
 
 Every test runs once; nothing is skipped that ran before. `make test ARGS="..."` (any pytest
 argument) runs one plain pytest with those arguments instead. The last line is the whole
@@ -39,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 class Stream:
     name: str
     marks: str
+    workers: int = 0  # pytest-xdist workers sharing one queue; 0: the tests run in order
 
     def command(self, tmp: Path) -> list[str]:
         return [
@@ -51,14 +55,14 @@ class Stream:
             "no:cacheprovider",  # two sessions at once: neither writes .pytest_cache
             f"--basetemp={tmp / self.name}",
             f"--junitxml={tmp / (self.name + '.xml')}",
+            *(["-n", str(self.workers), "--dist", "worksteal"] if self.workers else []),
         ]
 
 
 SLURM = Stream("slurm", "slurm")
-QUICK = Stream("quick", "not slurm and not slow")
-TOLERANT = Stream("tolerant", "slow and load_tolerant and not slurm")
+UNTIMED = Stream("untimed", "not slurm and (not slow or load_tolerant)", workers=2)
 SLOW = Stream("slow", "slow and not load_tolerant and not slurm")
-BACKGROUND = (SLURM, TOLERANT)  # started first, their output shown when they end
+BACKGROUND = (SLURM,)  # started first, its output shown when it ends
 
 
 @dataclass
@@ -102,8 +106,8 @@ def main(argv: list[str]) -> int:
                     stream.command(tmp), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
                 )
                 print(f"== {stream.name} tests (-m {stream.marks!r}) started alongside", flush=True)
-            print(f"== {QUICK.name} tests (-m {QUICK.marks!r})", flush=True)
-            codes[QUICK.name] = subprocess.call(QUICK.command(tmp), cwd=REPO)
+            print(f"== {UNTIMED.name} tests (-m {UNTIMED.marks!r})", flush=True)
+            codes[UNTIMED.name] = subprocess.call(UNTIMED.command(tmp), cwd=REPO)
             for stream, proc in background.items():
                 codes[stream.name] = proc.wait()
         for stream in BACKGROUND:
@@ -112,7 +116,7 @@ def main(argv: list[str]) -> int:
         print(f"== {SLOW.name} tests (-m {SLOW.marks!r})", flush=True)
         codes[SLOW.name] = subprocess.call(SLOW.command(tmp), cwd=REPO)
         total = Counts()
-        for stream in (QUICK, *BACKGROUND, SLOW):
+        for stream in (UNTIMED, *BACKGROUND, SLOW):
             total.add(counts(tmp / f"{stream.name}.xml"))
     minutes = (time.monotonic() - started) / 60
     failed_streams = [name for name, code in codes.items() if code != 0]

@@ -61,6 +61,7 @@ def files_holding(run_dir: Path, secret: str) -> list[str]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_run_records_no_secret_outside_its_private_config(tiny, tmp_path):
     run_dir = tmp_path / "run"
     result = launch(

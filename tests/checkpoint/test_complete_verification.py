@@ -25,6 +25,7 @@ def rewrite_listed(ckpt: Path, rel: str, data: bytes) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_shard_the_manifest_does_not_list_is_refused_and_resume_falls_back(copy_run, reference):
     run_dir = copy_run()
     ckpt = run_dir / "checkpoints" / "step-00000008"

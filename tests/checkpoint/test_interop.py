@@ -24,6 +24,7 @@ def test_pytorch_dcp_to_torch_save_reads_a_checkpoint(checkpointed_run, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_export_script_writes_a_model_that_loads_for_inference(checkpointed_run, tmp_path):
     for fmt, name in (("safetensors", "model.safetensors"), ("torch", "model.pt")):
         out = tmp_path / name

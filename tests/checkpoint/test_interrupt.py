@@ -13,6 +13,7 @@ from toolkit.errors import EXIT_PREEMPTED
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_ctrl_c_checkpoints_at_the_next_step_and_a_relaunch_resumes_bitwise(
     tmp_path, reference, start
 ):

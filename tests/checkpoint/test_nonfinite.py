@@ -24,6 +24,7 @@ def strict_json(text: str):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_diverging_run_stops_at_the_first_non_finite_step_and_keeps_the_finite_checkpoint(
     tmp_path,
 ):
@@ -41,6 +42,7 @@ def test_a_diverging_run_stops_at_the_first_non_finite_step_and_keeps_the_finite
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_skip_leaves_the_weights_as_they_were_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     done = launch(

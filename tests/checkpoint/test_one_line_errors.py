@@ -38,6 +38,7 @@ def test_a_file_where_metrics_should_be_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_resume_from_a_file_is_one_line(tmp_path):
     done = launch(tmp_path / "run", "checkpoint.enabled=true", "checkpoint.resume_from=/etc/passwd")
     assert done.returncode == EXIT_CHECKPOINT_UNUSABLE

@@ -30,6 +30,7 @@ def stop_with_usr2(start, run_dir, *overrides, when=None):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_failed_preemption_save_is_retried_and_nothing_committed_is_said(tmp_path, start):
     run_dir = tmp_path / "run"
     code, out = stop_with_usr2(start, run_dir, FULL_DISK)
@@ -43,6 +44,7 @@ def test_a_failed_preemption_save_is_retried_and_nothing_committed_is_said(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_when_the_save_fails_twice_the_newest_committed_one_is_named(tmp_path, start):
     run_dir = tmp_path / "run"
     committed = lambda: [e["step"] for e in events(run_dir, "checkpoint")] == [2]  # noqa: E731
@@ -61,6 +63,7 @@ def test_when_the_save_fails_twice_the_newest_committed_one_is_named(tmp_path, s
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_signalled_pipeline_stops_every_stage_at_one_step_and_resumes_bitwise(tmp_path, start):
     """pp=2: a signal to the last stage's rank stops both stages at the same step boundary
     (the votes' all-reduce spans every stage), the final checkpoint commits, and a relaunch

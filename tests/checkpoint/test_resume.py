@@ -53,6 +53,7 @@ def rank_process(launcher_pid: int, rank: int) -> psutil.Process:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_signal_checkpoints_exits_75_and_a_relaunch_resumes_bitwise(tmp_path, reference, start):
     run_dir = tmp_path / "run"
     job = start(run_dir, "checkpoint.enabled=true")
@@ -76,6 +77,7 @@ def test_a_signal_checkpoints_exits_75_and_a_relaunch_resumes_bitwise(tmp_path, 
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_two_rank_checkpoint_resumes_on_one_rank(checkpointed_run, reference, tmp_path):
     run_dir = tmp_path / "one"
     source = checkpointed_run / "checkpoints" / "step-00000004"
@@ -89,6 +91,7 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(checkpointed_run, reference, 
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_two_rank_checkpoint_resumes_on_four_ranks(checkpointed_run, reference, tmp_path):
     run_dir = tmp_path / "four"
     source = checkpointed_run / "checkpoints" / "step-00000004"
@@ -101,6 +104,7 @@ def test_a_two_rank_checkpoint_resumes_on_four_ranks(checkpointed_run, reference
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_touching_save_now_checkpoints_at_the_next_step(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

@@ -19,6 +19,7 @@ def logged_lrs(run_dir) -> dict[int, float]:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_new_lr_and_warm_up_take_effect_on_resume_and_are_named(copy_run):
     run_dir = copy_run()  # 8 steps at lr 3e-3, warm-up 20: step 8 checkpointed
     done = launch(
@@ -44,6 +45,7 @@ def test_a_new_lr_and_warm_up_take_effect_on_resume_and_are_named(copy_run):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_more_steps_need_no_permission_and_the_record_says_so(copy_run):
     run_dir = copy_run()
     done = launch(run_dir, *CKPT, "trainer.steps=10", "trainer.log_every=1")

@@ -37,6 +37,7 @@ def launch_poisoned(run_dir, after_steps: list[int], *overrides: str):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_training_finishes(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [3])
@@ -71,6 +72,7 @@ def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_training_finish
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_past_max_rollbacks_the_run_stops_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [3, 5], "trainer.max_rollbacks=1")
@@ -83,6 +85,7 @@ def test_past_max_rollbacks_the_run_stops_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_with_no_committed_checkpoint_a_rollback_stops_the_run(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [1])

@@ -42,6 +42,7 @@ def holding(run_dir, call: str = "acquire(Path(sys.argv[1]))") -> subprocess.Pop
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_second_launch_is_refused_while_the_first_runs_and_the_first_is_intact(
     tmp_path, reference, start
 ):
@@ -113,6 +114,7 @@ def free(run_dir) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 @pytest.mark.parametrize("rank_start", ["exec", "fork"])
 def test_ranks_end_with_their_launcher_checkpointed_and_a_relaunch_resumes(
     tmp_path, start, rank_start

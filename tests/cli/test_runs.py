@@ -15,7 +15,7 @@ from tests.checkpoint.test_resume import rank_process
 from tests.cli.conftest import toolkit
 from toolkit.errors import EXIT_PREEMPTED
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.load_tolerant]
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,7 @@ def test_hsdp_replicate_must_divide_world() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_cfg_job_prints_the_resolved_config() -> None:
     result = launch("--cfg", "job", "model=gpt_125m", "trainer.steps=7", timeout=60)
     assert result.returncode == 0, result.stderr

@@ -27,6 +27,7 @@ CKPT = ["checkpoint.enabled=true", "checkpoint.interval_steps=2", "checkpoint.ke
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_returns_checkpoint_resumes_on_one_rank_with_the_same_data(tmp_path) -> None:
     first = tmp_path / "first"
     cache = f"data.cache_dir={tmp_path / 'cache'}"

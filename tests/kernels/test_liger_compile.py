@@ -60,6 +60,7 @@ print("compiled", n)
 
 @pytest.mark.skipif(not importable("liger_kernel"), reason="liger-kernel is not installed")
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_liger_kernels_compile_to_sm90_cubins(tmp_path) -> None:
     stdout = compile_for_sm90(COMPILE, tmp_path)
     assert "compiled 8" in stdout  # 2 dtypes x (LayerNorm fwd, bwd, cross-entropy, scale)

@@ -122,6 +122,7 @@ def test_opcheck_on_the_custom_ops() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_torch_compile_fullgraph_with_inductor() -> None:
     pred, target, weight = inputs((2, 3, 5))
 

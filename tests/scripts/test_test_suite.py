@@ -17,7 +17,7 @@ spec.loader.exec_module(suite)
 
 
 def test_the_streams_split_the_markers_so_that_every_test_runs_exactly_once():
-    streams = (suite.QUICK, *suite.BACKGROUND, suite.SLOW)
+    streams = (suite.UNTIMED, *suite.BACKGROUND, suite.SLOW)
     for slurm, slow, tolerant in itertools.product((False, True), repeat=3):
         marks = {"slurm": slurm, "slow": slow, "load_tolerant": tolerant}
         chosen = [s.name for s in streams if eval(s.marks, {}, marks)]  # noqa: S307 - ours

@@ -37,6 +37,7 @@ def run_script(tmp_path: Path, script: str, args: str, *more: str, timeout: floa
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_unmodified_ddp_script_runs_on_two_ranks_with_quoted_args(tmp_path):
     r = run_script(tmp_path, DDP, "[--steps,3,--tag,'a b \"q\" $HOME']")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -49,6 +50,7 @@ def test_unmodified_ddp_script_runs_on_two_ranks_with_quoted_args(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_the_records_a_script_logs_reach_its_experiment_tracker(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -64,6 +66,7 @@ def test_the_records_a_script_logs_reach_its_experiment_tracker(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
     r = run_script(tmp_path, SESSION, "[--steps,4]")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -162,6 +165,7 @@ def test_a_rank_that_exits_0_while_another_hangs_is_a_hang_naming_the_hung_rank(
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_module_that_never_joins_a_process_group_runs_alone_on_every_rank(tmp_path):
     """`script.module=` runs a module of your package as `python -m` would; a script that
     never initialises a process group is not an error: each rank runs its own copy (as under
@@ -241,6 +245,7 @@ def test_session_is_a_no_op_outside_a_toolkit_launch(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_preemption_signal_saves_and_the_relaunch_resumes(tmp_path):
     """Locally: USR2 to every rank -> the script saves at a step boundary and the launch exits
     75; the same run dir again resumes from the checkpoint, with the losses of an

@@ -45,6 +45,7 @@ def launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow  # ~15 s alone; a real 2-rank launch, slower on a loaded machine
+@pytest.mark.load_tolerant
 @pytest.mark.timeout(300)
 def test_local_run_writes_the_documented_node_file(tmp_path):
     run_dir = tmp_path / "run"

@@ -69,6 +69,7 @@ def headless(browser: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(300)
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_html_report_renders_every_section_and_plot_without_errors(tmp_path, chromium):
     run_dir = tmp_path / "run"
     generate(run_dir, Plan(nodes=2, gpus_per_node=2, duration_s=1800, idle_gap_at_s=900.0))

@@ -14,7 +14,7 @@ from tests.checkpoint.conftest import cli, env
 from tests.tracking.conftest import wandb_history
 from toolkit.events import read_steps
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.load_tolerant]
 
 SECRET = "wandb-key-that-must-not-be-written-9f3c"
 FIELDS = ("loss", "grad_norm", "lr", "step_time_s", "tokens_per_s", "mfu", "data_wait_s")

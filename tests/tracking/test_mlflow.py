@@ -15,7 +15,7 @@ from tests.checkpoint.conftest import launch, start  # noqa: F401, F811 - start 
 from tests.cli.conftest import toolkit
 from toolkit.events import read_steps
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.load_tolerant]
 
 MLFLOW_RUN = ["tracking=mlflow", "telemetry=off", "tracking.experiment=tests"]
 

@@ -28,6 +28,7 @@ def eval_events(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.load_tolerant
 def test_a_user_callback_records_steps_and_reports_eval_metrics_with_sgd(tmp_path, tiny):
     run, out = tmp_path / "run", tmp_path / "seen.json"
     callback = f"[{{_target_:userpkg.callbacks.LossWindow,out:'{out}',scale:2.0}}]"
