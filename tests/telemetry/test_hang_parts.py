@@ -130,6 +130,20 @@ def test_with_nobody_in_a_collective_the_longest_idle_ranks_are_named() -> None:
     )
 
 
+def test_ranks_on_two_nodes_are_compared_by_when_they_stopped_not_by_each_agents_idle_time():
+    """The summary of a 2-node script run: the hung rank 1's agent took its snapshot a second
+    before the leader's, so its idle time reads 1 s shorter though it stopped first. On the
+    wall clock the two stopped 0.5 s apart: both are named (the waiting one cannot be told
+    apart in a script that reports no collectives)."""
+    ranks = [
+        {**rank(0, "n1", 0, 0, 0, 9.0), "moved_unix": 1000.5},  # snapshot at 1009.5
+        {**rank(1, "n2", 0, 0, 0, 8.0), "moved_unix": 1000.0},  # snapshot at 1008.0
+    ]
+    assert diagnose(ranks)["stuck_ranks"] == [0, 1]
+    ranks[0]["moved_unix"] = 1003.0  # rank 0 went on 3 s longer: rank 1 alone
+    assert diagnose(ranks)["stuck_ranks"] == [1]
+
+
 def test_the_dump_signal_writes_every_thread_even_while_blocked(tmp_path) -> None:
     """A child installs the dump, blocks in a sleep; the signal writes its stacks."""
     code = (

@@ -215,8 +215,9 @@ class Watchdog:
                 hung.append(rank)
         return hung
 
-    def idle_s(self, rank: int, now: float) -> float:
-        return now - self.seen.get(rank, (0, now))[1]
+    def moved_unix(self, rank: int, now: float) -> float:
+        """When this agent last saw the rank move (wall clock: comparable across nodes)."""
+        return self.seen.get(rank, (0, now))[1]
 
     # -- a hang --------------------------------------------------------------------------
     def _try_claim(self, now: float) -> bool:
@@ -271,7 +272,16 @@ class Watchdog:
             beat = read_heartbeat(path) or self.beats.get(rank)
             if beat is None or rank in self.closed:  # a rank that ended is not hung
                 continue
-            out.append({"rank": rank, "host": self.host, **beat, "idle_s": self.idle_s(rank, now)})
+            moved = self.moved_unix(rank, now)
+            out.append(
+                {
+                    "rank": rank,
+                    "host": self.host,
+                    **beat,
+                    "idle_s": now - moved,
+                    "moved_unix": moved,
+                }
+            )
         return out
 
     def dump_local_ranks(self, directory: Path) -> None:
