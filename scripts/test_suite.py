@@ -13,10 +13,12 @@ pytest processes start together:
    and wait on events, never on the clock). A worker that has finished its share takes
    another's, so a long launch never leaves a core idle behind it.
 
-Once both have ended, the other slow tests run alone on the cores, one at a time: the hang
-watchdog, straggler, stall, agent-restart, fail-fast and benchmark tests, which time what
-they see (pytest-xdist workers beside them failed a straggler test: "Issue 37 — the
-suite's time, and where it goes").
+Once both have ended, the slow tests that time what they see run without the others:
+first those marked `waits` (the hang watchdog's, the node agent's restarts: they mostly sleep
+through their own hang windows, the cores ~60 % idle) two at a time, then the rest one at a
+time: the straggler, stall, profiling, fail-fast and benchmark tests, which measure (a
+straggler test failed with pytest-xdist workers beside it: docs/BENCHMARKS.md, "Issue 37 —
+the suite's time, and where it goes").
 
 Every test runs once; nothing is skipped that ran before. `make test ARGS="..."` (any pytest
 argument) runs one plain pytest with those arguments instead. The last line is the whole
@@ -61,8 +63,10 @@ class Stream:
 
 SLURM = Stream("slurm", "slurm")
 UNTIMED = Stream("untimed", "not slurm and (not slow or load_tolerant)", workers=2)
-SLOW = Stream("slow", "slow and not load_tolerant and not slurm")
+WAITS = Stream("waits", "slow and waits and not load_tolerant and not slurm", workers=2)
+SLOW = Stream("slow", "slow and not waits and not load_tolerant and not slurm")
 BACKGROUND = (SLURM,)  # started first, its output shown when it ends
+AFTER = (WAITS, SLOW)  # then these, in order, each once the one before has ended
 
 
 @dataclass
@@ -113,10 +117,11 @@ def main(argv: list[str]) -> int:
         for stream in BACKGROUND:
             print(f"== {stream.name} tests (-m {stream.marks!r}), their output:", flush=True)
             sys.stdout.write((tmp / f"{stream.name}.log").read_text(errors="replace"))
-        print(f"== {SLOW.name} tests (-m {SLOW.marks!r})", flush=True)
-        codes[SLOW.name] = subprocess.call(SLOW.command(tmp), cwd=REPO)
+        for stream in AFTER:
+            print(f"== {stream.name} tests (-m {stream.marks!r})", flush=True)
+            codes[stream.name] = subprocess.call(stream.command(tmp), cwd=REPO)
         total = Counts()
-        for stream in (UNTIMED, *BACKGROUND, SLOW):
+        for stream in (UNTIMED, *BACKGROUND, *AFTER):
             total.add(counts(tmp / f"{stream.name}.xml"))
     minutes = (time.monotonic() - started) / 60
     failed_streams = [name for name, code in codes.items() if code != 0]

@@ -1,4 +1,4 @@
-"""`make test`'s runner (scripts/test_suite.py): the three streams cover every test once, and
+"""`make test`'s runner (scripts/test_suite.py): the streams cover every test once, and
 the closing line counts what each stream's pytest wrote in its JUnit XML."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ spec.loader.exec_module(suite)
 
 
 def test_the_streams_split_the_markers_so_that_every_test_runs_exactly_once():
-    streams = (suite.UNTIMED, *suite.BACKGROUND, suite.SLOW)
-    for slurm, slow, tolerant in itertools.product((False, True), repeat=3):
-        marks = {"slurm": slurm, "slow": slow, "load_tolerant": tolerant}
+    streams = (suite.UNTIMED, *suite.BACKGROUND, *suite.AFTER)
+    for slurm, slow, tolerant, waits in itertools.product((False, True), repeat=4):
+        marks = {"slurm": slurm, "slow": slow, "load_tolerant": tolerant, "waits": waits}
         chosen = [s.name for s in streams if eval(s.marks, {}, marks)]  # noqa: S307 - ours
         assert len(chosen) == 1, (marks, chosen)
 

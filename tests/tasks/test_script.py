@@ -126,6 +126,7 @@ def test_a_failing_rank_stops_the_job_with_its_error(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_hung_rank_is_named_dumped_and_exits_79(tmp_path):
     r = run_script(
         tmp_path,
@@ -143,6 +144,7 @@ def test_a_hung_rank_is_named_dumped_and_exits_79(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_rank_that_exits_0_while_another_hangs_is_a_hang_naming_the_hung_rank(tmp_path):
     """Rank 1 leaves at once with exit 0; rank 0 blocks forever. Not a success: the watchdog
     names rank 0 alone (rank 1 ended: no stacks to take) and the launch exits 79."""

@@ -30,6 +30,7 @@ def agents(launcher_pid: int) -> list[psutil.Process]:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_killed_node_agent_is_restarted_and_training_goes_on(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(
@@ -49,6 +50,7 @@ def test_a_killed_node_agent_is_restarted_and_training_goes_on(tmp_path, start):
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_node_agent_lost_for_good_stops_the_run_with_its_checkpoint(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(

@@ -44,6 +44,7 @@ def run_hang(tiny: list[str], run_dir: Path, where: str, rank: int) -> tuple[obj
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_rank_blocking_before_a_collective_is_named_dumped_and_the_job_ends_79(
     tmp_path, tiny
 ) -> None:
@@ -81,6 +82,7 @@ def test_a_rank_blocking_before_a_collective_is_named_dumped_and_the_job_ends_79
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_rank_hanging_outside_collectives_is_named(tmp_path, tiny) -> None:
     result, _ = run_hang(tiny, tmp_path, "outside", rank=0)
     assert result.returncode == EXIT_HANG, result.stderr[-3000:]
@@ -93,6 +95,7 @@ def test_a_rank_hanging_outside_collectives_is_named(tmp_path, tiny) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_slow_but_progressing_run_is_not_declared_hung(tmp_path, tiny) -> None:
     """Data 3 s late every step (under the 5 s timeout), and a checkpoint save that stalls
     8 s (longer than the timeout: saves get the startup limit): a slow run, not a hang."""
@@ -117,6 +120,7 @@ def test_a_slow_but_progressing_run_is_not_declared_hung(tmp_path, tiny) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_first_step_slower_than_the_timeout_gets_the_startup_limit(tmp_path, tiny) -> None:
     """8 s of data wait in the only step, against a 5 s step limit: start-up, not a hang
     (with fault.hang_startup_timeout_s=6 the same run is declared hung)."""
@@ -133,6 +137,7 @@ def test_a_first_step_slower_than_the_timeout_gets_the_startup_limit(tmp_path, t
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_the_watchdog_off_leaves_a_hang_alone_until_killed(tmp_path, tiny) -> None:
     """fault.hang_watchdog=false: nothing is declared (the launcher's own limit ends it)."""
     import subprocess
@@ -204,6 +209,7 @@ def test_the_summary_is_json_with_the_shared_fields(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_the_injected_hang_fires_in_the_first_attempt_only(tmp_path, tiny) -> None:
     """A requeued job (Slurm restart count 1) resumes past the injected hang."""
     result = launch(

@@ -73,6 +73,7 @@ def hang_texts(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_local_hang_that_ends_the_run_reaches_the_trackers_once(tmp_path, tiny):
     result = launch(
         *tiny,

@@ -180,6 +180,7 @@ def test_a_preempted_user_model_checkpoints_and_resumes_bitwise(lstm_run, tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_hung_rank_of_a_user_model_is_caught_by_the_watchdog(tmp_path):
     from toolkit.errors import EXIT_HANG
 
