@@ -22,8 +22,9 @@ install: $(VENV)/.installed
 run: install
 	$(PY) -m toolkit.launch $(ARGS)
 
-# The whole suite: the Slurm tests alongside the quick ones, then the slow ones
-# (scripts/test_suite.py says why); with ARGS, one plain pytest with those arguments.
+# The whole suite: the Slurm tests beside one two-worker queue of the tests that time
+# nothing, then the timing tests (scripts/test_suite.py says why); with ARGS, one plain
+# pytest with those arguments.
 test: install
 	$(PY) scripts/test_suite.py $(ARGS)
 

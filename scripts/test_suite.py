@@ -57,6 +57,7 @@ class Stream:
             "no:cacheprovider",  # two sessions at once: neither writes .pytest_cache
             f"--basetemp={tmp / self.name}",
             f"--junitxml={tmp / (self.name + '.xml')}",
+            "--durations=25",  # each stream's slowest tests, where the next cut is looked for
             *(["-n", str(self.workers), "--dist", "worksteal"] if self.workers else []),
         ]
 
