@@ -28,7 +28,6 @@ status is non-zero when any stream failed.
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 import tempfile
@@ -66,8 +65,8 @@ SLURM = Stream("slurm", "slurm")
 UNTIMED = Stream("untimed", "not slurm and (not slow or load_tolerant)", workers=2)
 WAITS = Stream("waits", "slow and waits and not load_tolerant and not slurm", workers=2)
 SLOW = Stream("slow", "slow and not waits and not load_tolerant and not slurm")
-BACKGROUND = (SLURM,)  # started first, its output shown when it ends
-AFTER = (WAITS, SLOW)  # then these, in order, each once the one before has ended
+AFTER = (WAITS, SLOW)  # once SLURM and UNTIMED have ended, in order, one after the other
+STREAMS = (SLURM, UNTIMED, *AFTER)
 
 
 @dataclass
@@ -102,27 +101,22 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="suite-") as name:
         tmp = Path(name)
-        codes = {}
-        with contextlib.ExitStack() as stack:
-            background = {}
-            for stream in BACKGROUND:
-                out = stack.enter_context(open(tmp / f"{stream.name}.log", "wb"))
-                background[stream] = subprocess.Popen(
-                    stream.command(tmp), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
-                )
-                print(f"== {stream.name} tests (-m {stream.marks!r}) started alongside", flush=True)
+        log = tmp / f"{SLURM.name}.log"
+        with open(log, "wb") as out:
+            slurm = subprocess.Popen(
+                SLURM.command(tmp), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            )
+            print(f"== {SLURM.name} tests (-m {SLURM.marks!r}) started alongside", flush=True)
             print(f"== {UNTIMED.name} tests (-m {UNTIMED.marks!r})", flush=True)
-            codes[UNTIMED.name] = subprocess.call(UNTIMED.command(tmp), cwd=REPO)
-            for stream, proc in background.items():
-                codes[stream.name] = proc.wait()
-        for stream in BACKGROUND:
-            print(f"== {stream.name} tests (-m {stream.marks!r}), their output:", flush=True)
-            sys.stdout.write((tmp / f"{stream.name}.log").read_text(errors="replace"))
+            codes = {UNTIMED.name: subprocess.call(UNTIMED.command(tmp), cwd=REPO)}
+            codes[SLURM.name] = slurm.wait()
+        print(f"== {SLURM.name} tests (-m {SLURM.marks!r}), their output:", flush=True)
+        sys.stdout.write(log.read_text(errors="replace"))
         for stream in AFTER:
             print(f"== {stream.name} tests (-m {stream.marks!r})", flush=True)
             codes[stream.name] = subprocess.call(stream.command(tmp), cwd=REPO)
         total = Counts()
-        for stream in (UNTIMED, *BACKGROUND, *AFTER):
+        for stream in STREAMS:
             total.add(counts(tmp / f"{stream.name}.xml"))
     minutes = (time.monotonic() - started) / 60
     failed_streams = [name for name, code in codes.items() if code != 0]

@@ -101,6 +101,7 @@ def rank(r: int, host: str, step: int, entered: int, blocked: int, idle: float) 
         "blocked_seq": blocked,
         "blocked_op": "all_gather" if blocked else "none",
         "idle_s": idle,
+        "moved_unix": 1000.0 - idle,  # every agent's snapshot at 1000.0
     }
 
 

@@ -158,29 +158,20 @@ def remove_stack_dump() -> None:
 
 # -- the pure part ------------------------------------------------------------------------
 # Ranks whose progress stopped within this of the first to stop are named together: an agent
-# sees a rank move up to one heartbeat poll (0.5 s) late, a script's wrapper up to 0.2 s.
+# sees a rank move up to one heartbeat poll (0.5 s) late, a script's wrapper up to 0.2 s. They
+# are compared by moved_unix (wall clock), not idle_s: each agent measures idle_s at its own
+# snapshot, and two nodes' snapshots are up to a claim poll and a dump apart.
 SAME_STOP_S = 1.0
-
-
-def stopped_at(ranks: list[dict[str, Any]]) -> dict[int, float]:
-    """When each rank last moved, on one clock: `moved_unix`, the wall-clock time its node's
-    agent saw its last progress. Each agent measures `idle_s` at its own snapshot, and the
-    snapshots of two nodes are up to a claim poll and a dump apart, so idle times of ranks on
-    different nodes do not compare; entries without `moved_unix` (older summaries) fall back
-    to them."""
-    if all("moved_unix" in r for r in ranks):
-        return {r["rank"]: float(r["moved_unix"]) for r in ranks}
-    return {r["rank"]: -float(r["idle_s"]) for r in ranks}
 
 
 def diagnose(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """Stuck and waiting ranks from every rank's last heartbeat.
 
     Each entry: rank, host, step, entered_seq, entered_op, blocked_seq (0: not blocked in a
-    collective), blocked_op, idle_s (seconds without progress), moved_unix (when it last
-    moved; optional). The collective the others wait in is the earliest one a rank is
-    blocked in; the ranks that never entered it are stuck. When every blocked rank has
-    entered it too (a rank stuck inside it while others passed, or nobody blocked), the
+    collective), blocked_op, idle_s (seconds without progress), moved_unix (when its agent
+    last saw it move, wall clock). The collective the others wait in is the earliest one a
+    rank is blocked in; the ranks that never entered it are stuck. When every blocked rank
+    has entered it too (a rank stuck inside it while others passed, or nobody blocked), the
     ranks that stopped first (within SAME_STOP_S) are named."""
     blocked = [r for r in ranks if r["blocked_seq"] > 0]
     collective = None
@@ -193,9 +184,8 @@ def diagnose(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         waiting = sorted(r["rank"] for r in blocked if r["blocked_seq"] == seq)
         stuck = [r for r in ranks if r["entered_seq"] < seq]
     if not stuck and ranks:
-        stopped = stopped_at(ranks)
-        first = min(stopped.values())
-        early = [r for r in ranks if stopped[r["rank"]] <= first + SAME_STOP_S]
+        earliest = min(r["moved_unix"] for r in ranks)
+        early = [r for r in ranks if r["moved_unix"] <= earliest + SAME_STOP_S]
         stuck = [r for r in early if r["rank"] not in waiting] or early
     stuck_ranks = sorted(r["rank"] for r in stuck)
     return {

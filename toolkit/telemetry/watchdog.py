@@ -215,10 +215,6 @@ class Watchdog:
                 hung.append(rank)
         return hung
 
-    def moved_unix(self, rank: int, now: float) -> float:
-        """When this agent last saw the rank move (wall clock: comparable across nodes)."""
-        return self.seen.get(rank, (0, now))[1]
-
     # -- a hang --------------------------------------------------------------------------
     def _try_claim(self, now: float) -> bool:
         """True when this agent is the first to declare the hang (it writes the summary)."""
@@ -272,16 +268,9 @@ class Watchdog:
             beat = read_heartbeat(path) or self.beats.get(rank)
             if beat is None or rank in self.closed:  # a rank that ended is not hung
                 continue
-            moved = self.moved_unix(rank, now)
-            out.append(
-                {
-                    "rank": rank,
-                    "host": self.host,
-                    **beat,
-                    "idle_s": now - moved,
-                    "moved_unix": moved,
-                }
-            )
+            moved = self.seen.get(rank, (0, now))[1]  # wall clock: compares across nodes
+            idle = {"idle_s": now - moved, "moved_unix": moved}
+            out.append({"rank": rank, "host": self.host, **beat, **idle})
         return out
 
     def dump_local_ranks(self, directory: Path) -> None:
