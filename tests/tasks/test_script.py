@@ -125,6 +125,27 @@ def test_a_failing_rank_stops_the_job_with_its_error(tmp_path):
     assert time.time() - t0 < 60  # not the 50 steps, nor gloo's timeout
 
 
+def test_under_slurm_a_failure_before_any_signal_is_recorded_for_rank_0(tmp_path, monkeypatch):
+    """srun answers a failed task by SIGTERMing the others; rank 0 reads this record so as not
+    to take that for a preemption and requeue a job that will only fail again."""
+    from toolkit.distributed.env import DistEnv
+    from toolkit.tasks import script
+
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setattr(script, "SIGNAL_GRACE_S", 0.0)
+    (tmp_path / "logs").mkdir()
+    rank1 = DistEnv(1, 0, 2, 1, 1, 2, "n1", 29500, job_id="77", source="slurm")
+    script.note_failure(tmp_path, rank1, 0, 143, received=[signal.SIGTERM])  # a preemption's
+    assert script.failed_first(tmp_path, "77", 0) is None
+    script.note_failure(tmp_path, rank1, 0, 1, received=[])
+    assert script.failed_first(tmp_path, "77", 0) == {"rank": 1, "code": 1}
+    assert script.failed_first(tmp_path, "77", 1) is None  # the next attempt starts clean
+    assert script.failed_first(tmp_path, "78", 0) is None
+    local = DistEnv(1, 1, 2, 2, 0, 1, "127.0.0.1", 29500, source="torchrun")
+    script.note_failure(tmp_path / "elsewhere", local, 0, 1, received=[])  # locally: no record
+    assert not (tmp_path / "elsewhere").exists()
+
+
 @pytest.mark.slow
 @pytest.mark.waits
 def test_a_hung_rank_is_named_dumped_and_exits_79(tmp_path):

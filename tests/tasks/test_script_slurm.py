@@ -100,6 +100,10 @@ def test_a_rank_that_dies_on_the_second_node_stops_the_job_with_its_error(slurm_
     assert "injected failure on rank 1 at step 3" in done.stderr
     out = "".join(p.read_text() for p in (tmp_path / "run" / "slurm").glob("*_0_log.out"))
     assert "step 2 loss" in out and "step 199 loss" not in out  # stopped there, not at its end
+    # srun's SIGTERM to rank 0 after rank 1 died is no preemption: the job is not requeued
+    # to crash again (it was, checkpoint.max_restarts times, before the failure was recorded).
+    job_id = re.search(r"submitted Slurm job (\d+)", done.stdout).group(1)
+    assert [state for state, _ in attempts(slurm_cluster, job_id)] == ["FAILED"]
 
 
 def test_a_hung_rank_on_the_second_node_is_named_dumped_and_the_job_ends_79(

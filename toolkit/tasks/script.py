@@ -9,7 +9,8 @@ MASTER_ADDR, MASTER_PORT). It
   script), or at step resolution once the script calls toolkit.session.heartbeat();
 - forwards the preemption signals (cluster.signal, SIGTERM) to the script and, on Slurm,
   requeues the job under checkpoint.requeue / checkpoint.max_restarts when the script asked
-  for it (toolkit.session.requeue) or was ended by the signal;
+  for it (toolkit.session.requeue) or was ended by the signal, but not when the signal is
+  Slurm ending the step because a rank's script failed first (`note_failure`);
 - ends with the script's exit status; the script dies with its wrapper (PDEATHSIG).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import signal
@@ -41,6 +43,9 @@ from toolkit.telemetry.transport import socket_path
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2
+# A failing script's wrapper waits this long for a signal before it records the failure as
+# the script's own: a preemption signal that reaches this node late still counts as one.
+SIGNAL_GRACE_S = 1.0
 CPU_PROGRESS_S = 0.05  # CPU seconds of the script per poll that count as progress
 _PR_SET_PDEATHSIG = 1
 
@@ -190,6 +195,8 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
                 s.close()
             beat_path.unlink(missing_ok=True)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        if code != 0 and not received:
+            note_failure(run_dir, env, attempt, code, received)
         # Still under the handlers: `scontrol requeue` SIGTERMs this job while rank 0 is yet
         # to make the requeued job eligible now (Slurm would hold it ~120 s).
         code = after_script(job, env, run_dir, code, bool(received))
@@ -204,7 +211,6 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
 def write_summary(run_dir: Path, code: int) -> None:
     """RUN_DIR/summary.json, as task=train writes it, from the steps the script logged
     (toolkit.session.log): what `toolkit status` and `runs` read."""
-    import json
     import statistics
 
     from toolkit.events import read_steps
@@ -224,6 +230,36 @@ def write_summary(run_dir: Path, code: int) -> None:
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def failure_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "logs" / f"script-failed-rank{rank}.json"
+
+
+def note_failure(run_dir: Path, env: DistEnv, attempt: int, code: int, received: list[int]) -> None:
+    """Under Slurm, record that this rank's script failed with no signal received (checked
+    again after SIGNAL_GRACE_S). srun then ends the step: the other ranks get SIGTERM, which
+    rank 0 must not take for a preemption. Written before this process exits, so before
+    srun can signal any peer."""
+    job_id = slurm_job_id(env.source)
+    if job_id is None:
+        return
+    time.sleep(SIGNAL_GRACE_S)
+    if received:
+        return
+    record = {"job_id": job_id, "attempt": attempt, "rank": env.rank, "code": code}
+    with contextlib.suppress(OSError):
+        failure_path(run_dir, env.rank).write_text(json.dumps(record) + "\n")
+
+
+def failed_first(run_dir: Path, job_id: str, attempt: int) -> dict[str, int] | None:
+    """The failure a rank recorded in this attempt of job `job_id` (`note_failure`), if any."""
+    for path in sorted((run_dir / "logs").glob("script-failed-rank*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(path.read_text())
+            if record.get("job_id") == job_id and record.get("attempt") == attempt:
+                return {"rank": int(record["rank"]), "code": int(record["code"])}
+    return None
+
+
 def after_script(job: JobConfig, env: DistEnv, run_dir: Path, code: int, signalled: bool) -> int:
     """The rank's exit status; rank 0 requeues when the script asked (or a preemption
     signal ended it) and the job may restart."""
@@ -235,6 +271,14 @@ def after_script(job: JobConfig, env: DistEnv, run_dir: Path, code: int, signall
         return EXIT_PREEMPTED if asked else code  # locally: relaunch into the run dir
     if not env.is_rank0:
         return 0
+    failed = None if asked else failed_first(run_dir, job_id, restart_count())
+    if failed is not None:
+        log.error(
+            "rank %d's script exited %d before any signal: Slurm ended the step for that, "
+            "not a preemption; not requeueing job %s",
+            failed["rank"], failed["code"], job_id,
+        )  # fmt: skip
+        return code or 1
     policy = RequeuePolicy.of(job)
     refusal = policy.refusal(job_id, policy.restarts())
     if refusal is not None:
