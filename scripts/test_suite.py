@@ -13,12 +13,13 @@ pytest processes start together:
    and wait on events, never on the clock). A worker that has finished its share takes
    another's, so a long launch never leaves a core idle behind it.
 
-Once both have ended, the slow tests that time what they see run without the others:
-first those marked `waits` (the hang watchdog's, the node agent's restarts: they mostly sleep
-through their own hang windows, the cores ~60 % idle) two at a time, then the rest one at a
-time: the straggler, stall, profiling, fail-fast and benchmark tests, which measure (a
-straggler test failed with pytest-xdist workers beside it: docs/BENCHMARKS.md, "Issue 37 —
-the suite's time, and where it goes").
+Once the `slurm` tests have ended, the background goes on with the slow tests marked
+`waits` (the hang watchdog's, the node agent's restarts: they mostly sleep through their own
+hang windows, the cores ~60 % idle when they ran alone), two at a time, beside the queue's
+last minutes. Once everything has ended, the other slow tests run alone, one at a time: the
+straggler, stall, profiling, fail-fast and benchmark tests, which measure (a straggler test
+failed with pytest-xdist workers beside it: docs/BENCHMARKS.md, "Issue 37 — the suite's
+time, and where it goes").
 
 Every test runs once; nothing is skipped that ran before. `make test ARGS="..."` (any pytest
 argument) runs one plain pytest with those arguments instead. The last line is the whole
@@ -31,6 +32,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -65,8 +67,8 @@ SLURM = Stream("slurm", "slurm")
 UNTIMED = Stream("untimed", "not slurm and (not slow or load_tolerant)", workers=2)
 WAITS = Stream("waits", "slow and waits and not load_tolerant and not slurm", workers=2)
 SLOW = Stream("slow", "slow and not waits and not load_tolerant and not slurm")
-AFTER = (WAITS, SLOW)  # once SLURM and UNTIMED have ended, in order, one after the other
-STREAMS = (SLURM, UNTIMED, *AFTER)
+BACKGROUND = (SLURM, WAITS)  # one after the other, beside UNTIMED
+STREAMS = (*BACKGROUND, UNTIMED, SLOW)  # SLOW: once the others have ended
 
 
 @dataclass
@@ -95,26 +97,34 @@ def counts(junit: Path) -> Counts:
     return total
 
 
+def run_in_order(streams: tuple[Stream, ...], tmp: Path, codes: dict[str, int]) -> None:
+    """Each stream's pytest after the one before, its output kept in tmp/<name>.log."""
+    for stream in streams:
+        with open(tmp / f"{stream.name}.log", "wb") as out:
+            codes[stream.name] = subprocess.call(
+                stream.command(tmp), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+            )
+
+
 def main(argv: list[str]) -> int:
     if argv:  # the edit loop's way: one plain pytest with the given arguments
         return subprocess.call([sys.executable, "-m", "pytest", *argv], cwd=REPO)
     started = time.monotonic()
+    codes: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="suite-") as name:
         tmp = Path(name)
-        log = tmp / f"{SLURM.name}.log"
-        with open(log, "wb") as out:
-            slurm = subprocess.Popen(
-                SLURM.command(tmp), cwd=REPO, stdout=out, stderr=subprocess.STDOUT
-            )
-            print(f"== {SLURM.name} tests (-m {SLURM.marks!r}) started alongside", flush=True)
-            print(f"== {UNTIMED.name} tests (-m {UNTIMED.marks!r})", flush=True)
-            codes = {UNTIMED.name: subprocess.call(UNTIMED.command(tmp), cwd=REPO)}
-            codes[SLURM.name] = slurm.wait()
-        print(f"== {SLURM.name} tests (-m {SLURM.marks!r}), their output:", flush=True)
-        sys.stdout.write(log.read_text(errors="replace"))
-        for stream in AFTER:
-            print(f"== {stream.name} tests (-m {stream.marks!r})", flush=True)
-            codes[stream.name] = subprocess.call(stream.command(tmp), cwd=REPO)
+        background = threading.Thread(target=run_in_order, args=(BACKGROUND, tmp, codes))
+        background.start()
+        for stream in BACKGROUND:
+            print(f"== {stream.name} tests (-m {stream.marks!r}) in the background", flush=True)
+        print(f"== {UNTIMED.name} tests (-m {UNTIMED.marks!r})", flush=True)
+        codes[UNTIMED.name] = subprocess.call(UNTIMED.command(tmp), cwd=REPO)
+        background.join()
+        for stream in BACKGROUND:
+            print(f"== {stream.name} tests (-m {stream.marks!r}), their output:", flush=True)
+            sys.stdout.write((tmp / f"{stream.name}.log").read_text(errors="replace"))
+        print(f"== {SLOW.name} tests (-m {SLOW.marks!r})", flush=True)
+        codes[SLOW.name] = subprocess.call(SLOW.command(tmp), cwd=REPO)
         total = Counts()
         for stream in STREAMS:
             total.add(counts(tmp / f"{stream.name}.xml"))
