@@ -22,9 +22,9 @@ install: $(VENV)/.installed
 run: install
 	$(PY) -m toolkit.launch $(ARGS)
 
-# The whole suite: the Slurm tests beside one two-worker queue of the tests that time
-# nothing, then the timing tests (scripts/test_suite.py says why); with ARGS, one plain
-# pytest with those arguments.
+# The whole suite: the Slurm tests, then the `waits` tests, beside one two-worker queue of
+# the tests that time nothing; then the timing tests alone (scripts/test_suite.py says why);
+# with ARGS, one plain pytest with those arguments.
 test: install
 	$(PY) scripts/test_suite.py $(ARGS)
 

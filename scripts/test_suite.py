@@ -15,8 +15,8 @@ pytest processes start together:
 
 Once the `slurm` tests have ended, the background goes on with the slow tests marked
 `waits` (the hang watchdog's, the node agent's restarts: they mostly sleep through their own
-hang windows, the cores ~60 % idle when they ran alone), two at a time, beside the queue's
-last minutes. Once everything has ended, the other slow tests run alone, one at a time: the
+hang windows, the cores ~60 % idle when they ran alone), two at a time, beside the queue.
+Once everything has ended, the other slow tests run alone, one at a time: the
 straggler, stall, profiling, fail-fast and benchmark tests, which measure (a straggler test
 failed with pytest-xdist workers beside it: docs/BENCHMARKS.md, "Issue 37 — the suite's
 time, and where it goes").

@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import launch
 from toolkit.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 SECRETS = ("sekrit123", "sekrit000", "sekrit456", "sekrit789")
 
 
@@ -61,7 +63,6 @@ def files_holding(run_dir: Path, secret: str) -> list[str]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_run_records_no_secret_outside_its_private_config(tiny, tmp_path):
     run_dir = tmp_path / "run"
     result = launch(

@@ -14,6 +14,8 @@ from toolkit.checkpoint.manifest import CheckpointCorrupt, describe_files, verif
 from toolkit.checkpoint.resume import latest_valid
 from toolkit.checkpoint.storage import LocalStorage
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 def rewrite_listed(ckpt: Path, rel: str, data: bytes) -> None:
     """Change a file and its manifest entry alike: the sizes and checksums still match."""
@@ -25,7 +27,6 @@ def rewrite_listed(ckpt: Path, rel: str, data: bytes) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_shard_the_manifest_does_not_list_is_refused_and_resume_falls_back(copy_run, reference):
     run_dir = copy_run()
     ckpt = run_dir / "checkpoints" / "step-00000008"

@@ -17,9 +17,10 @@ from tests.checkpoint.conftest import (
 from toolkit.checkpoint.manifest import verify
 from toolkit.errors import EXIT_SAVE_FAILED
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_sigkill_during_an_async_save_resumes_from_the_previous_commit(tmp_path, reference, start):
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
@@ -45,7 +46,6 @@ def test_sigkill_during_an_async_save_resumes_from_the_previous_commit(tmp_path,
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_truncated_shard_falls_back_to_the_previous_checkpoint(copy_run, reference):
     run_dir = copy_run()
     shard = run_dir / "checkpoints" / "step-00000008" / "__1_0.distcp"
@@ -58,7 +58,6 @@ def test_a_truncated_shard_falls_back_to_the_previous_checkpoint(copy_run, refer
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_an_altered_shard_checked_by_another_rank_still_falls_back(copy_run, reference):
     # The ranks verify the checksums together, each a share of the files: with 2 ranks,
     # rank 1 checks __0_0.distcp. Its bytes change but not its size, so only rank 1 sees it.
@@ -75,7 +74,6 @@ def test_an_altered_shard_checked_by_another_rank_still_falls_back(copy_run, ref
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_truncated_shard_stops_the_job_when_fallback_is_off(copy_run):
     run_dir = copy_run()
     shard = run_dir / "checkpoints" / "step-00000008" / "__0_0.distcp"
@@ -87,7 +85,6 @@ def test_a_truncated_shard_stops_the_job_when_fallback_is_off(copy_run):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_disk_full_keeps_the_previous_checkpoint_and_training_goes_on(copy_run):
     run_dir = copy_run()
     done = launch(run_dir, *CKPT, "trainer.steps=10", "fault.save_enospc_after_bytes=1000")
@@ -102,7 +99,6 @@ def test_disk_full_keeps_the_previous_checkpoint_and_training_goes_on(copy_run):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_disk_full_stops_cleanly_when_configured(copy_run):
     run_dir = copy_run()
     done = launch(
@@ -120,7 +116,6 @@ def test_disk_full_stops_cleanly_when_configured(copy_run):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_checkpoint_of_another_model_is_refused_before_loading(copy_run):
     run_dir = copy_run()
     done = launch(run_dir, *CKPT, "model.dim=128")

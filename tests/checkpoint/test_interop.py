@@ -13,6 +13,8 @@ from tests.checkpoint.conftest import REPO, env
 from toolkit.config.compose import load_job
 from toolkit.train.models import build_model
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 def test_pytorch_dcp_to_torch_save_reads_a_checkpoint(checkpointed_run, tmp_path):
     out = tmp_path / "full.pt"
@@ -24,7 +26,6 @@ def test_pytorch_dcp_to_torch_save_reads_a_checkpoint(checkpointed_run, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_export_script_writes_a_model_that_loads_for_inference(checkpointed_run, tmp_path):
     for fmt, name in (("safetensors", "model.safetensors"), ("torch", "model.pt")):
         out = tmp_path / name

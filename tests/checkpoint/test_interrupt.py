@@ -11,9 +11,10 @@ import pytest
 from tests.checkpoint.conftest import CKPT, STEPS, checkpoint_names, launch, logs, losses, wait_for
 from toolkit.errors import EXIT_PREEMPTED
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_ctrl_c_checkpoints_at_the_next_step_and_a_relaunch_resumes_bitwise(
     tmp_path, reference, start
 ):

@@ -12,6 +12,8 @@ from toolkit.checkpoint.export import load_model_state
 from toolkit.checkpoint.manifest import verify
 from toolkit.errors import EXIT_NONFINITE
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 # lr 1000 x step (warmup): finite at steps 1 and 2, the grad norm is inf at step 3.
 DIVERGE = [*CKPT, "checkpoint.interval_steps=1", "optim.lr=1e6", "optim.warmup_steps=1000"]
 
@@ -24,7 +26,6 @@ def strict_json(text: str):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_diverging_run_stops_at_the_first_non_finite_step_and_keeps_the_finite_checkpoint(
     tmp_path,
 ):
@@ -42,7 +43,6 @@ def test_a_diverging_run_stops_at_the_first_non_finite_step_and_keeps_the_finite
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_skip_leaves_the_weights_as_they_were_and_the_run_goes_on(tmp_path):
     run_dir = tmp_path / "run"
     done = launch(

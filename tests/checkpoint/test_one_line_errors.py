@@ -12,6 +12,8 @@ import pytest
 from tests.checkpoint.conftest import REPO, env, launch
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, EXIT_CONFIG
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 def one_line(stderr: str) -> str:
     lines = stderr.strip().splitlines()
@@ -38,7 +40,6 @@ def test_a_file_where_metrics_should_be_is_one_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_resume_from_a_file_is_one_line(tmp_path):
     done = launch(tmp_path / "run", "checkpoint.enabled=true", "checkpoint.resume_from=/etc/passwd")
     assert done.returncode == EXIT_CHECKPOINT_UNUSABLE

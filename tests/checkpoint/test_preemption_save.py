@@ -13,6 +13,8 @@ from tests.checkpoint.conftest import events, logs, wait_for
 from tests.checkpoint.test_resume import rank_process
 from toolkit.errors import EXIT_PREEMPTED, EXIT_SAVE_FAILED
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 LONG = ["checkpoint.enabled=true", "trainer.steps=400", "trainer.log_every=1"]
 FULL_DISK = "fault.save_enospc_after_bytes=1000"
 
@@ -30,7 +32,6 @@ def stop_with_usr2(start, run_dir, *overrides, when=None):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_failed_preemption_save_is_retried_and_nothing_committed_is_said(tmp_path, start):
     run_dir = tmp_path / "run"
     code, out = stop_with_usr2(start, run_dir, FULL_DISK)
@@ -44,7 +45,6 @@ def test_a_failed_preemption_save_is_retried_and_nothing_committed_is_said(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_when_the_save_fails_twice_the_newest_committed_one_is_named(tmp_path, start):
     run_dir = tmp_path / "run"
     committed = lambda: [e["step"] for e in events(run_dir, "checkpoint")] == [2]  # noqa: E731
@@ -63,7 +63,6 @@ def test_when_the_save_fails_twice_the_newest_committed_one_is_named(tmp_path, s
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_signalled_pipeline_stops_every_stage_at_one_step_and_resumes_bitwise(tmp_path, start):
     """pp=2: a signal to the last stage's rank stops both stages at the same step boundary
     (the votes' all-reduce spans every stage), the final checkpoint commits, and a relaunch

@@ -5,9 +5,10 @@ import pytest
 
 from tests.checkpoint.conftest import CKPT, checkpoint_names, events, losses, wait_for
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_rank_0_failing_its_train_state_fails_the_save_and_training_goes_on(tmp_path, start):
     run_dir = tmp_path / "run"
     job = start(run_dir, *CKPT, "fault.data_delay_s=0.3", "checkpoint.keep_last=5")

@@ -18,6 +18,8 @@ from tests.checkpoint.conftest import (
 from toolkit.checkpoint.manifest import verify
 from toolkit.errors import EXIT_PREEMPTED
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 def test_an_uninterrupted_checkpointed_run_matches_the_reference(checkpointed_run, reference):
     assert losses(checkpointed_run) == reference
@@ -53,7 +55,6 @@ def rank_process(launcher_pid: int, rank: int) -> psutil.Process:
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_signal_checkpoints_exits_75_and_a_relaunch_resumes_bitwise(tmp_path, reference, start):
     run_dir = tmp_path / "run"
     job = start(run_dir, "checkpoint.enabled=true")
@@ -77,7 +78,6 @@ def test_a_signal_checkpoints_exits_75_and_a_relaunch_resumes_bitwise(tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_two_rank_checkpoint_resumes_on_one_rank(checkpointed_run, reference, tmp_path):
     run_dir = tmp_path / "one"
     source = checkpointed_run / "checkpoints" / "step-00000004"
@@ -91,7 +91,6 @@ def test_a_two_rank_checkpoint_resumes_on_one_rank(checkpointed_run, reference, 
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_two_rank_checkpoint_resumes_on_four_ranks(checkpointed_run, reference, tmp_path):
     run_dir = tmp_path / "four"
     source = checkpointed_run / "checkpoints" / "step-00000004"
@@ -104,7 +103,6 @@ def test_a_two_rank_checkpoint_resumes_on_four_ranks(checkpointed_run, reference
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_touching_save_now_checkpoints_at_the_next_step(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True)

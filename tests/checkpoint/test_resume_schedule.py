@@ -11,6 +11,8 @@ import pytest
 from tests.checkpoint.conftest import CKPT, events, launch
 from toolkit.train.optim import lr_factor
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 def logged_lrs(run_dir) -> dict[int, float]:
     """The lr each step ran with (rank 0's metrics; step is 1-based, lr_factor's 0-based)."""
@@ -19,7 +21,6 @@ def logged_lrs(run_dir) -> dict[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_new_lr_and_warm_up_take_effect_on_resume_and_are_named(copy_run):
     run_dir = copy_run()  # 8 steps at lr 3e-3, warm-up 20: step 8 checkpointed
     done = launch(
@@ -45,7 +46,6 @@ def test_a_new_lr_and_warm_up_take_effect_on_resume_and_are_named(copy_run):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_more_steps_need_no_permission_and_the_record_says_so(copy_run):
     run_dir = copy_run()
     done = launch(run_dir, *CKPT, "trainer.steps=10", "trainer.log_every=1")

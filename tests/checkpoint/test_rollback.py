@@ -17,6 +17,8 @@ from tests.checkpoint.conftest import CKPT, REPO, checkpoint_names, cli, events,
 from toolkit.checkpoint.export import load_model_state
 from toolkit.errors import EXIT_NONFINITE
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 FIXTURES = REPO / "tests" / "fixtures"  # the user's package, on every rank's path
 
 
@@ -37,7 +39,6 @@ def launch_poisoned(run_dir, after_steps: list[int], *overrides: str):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_training_finishes(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [3])
@@ -72,7 +73,6 @@ def test_a_non_finite_step_rolls_back_to_the_last_checkpoint_and_training_finish
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_past_max_rollbacks_the_run_stops_in_one_line(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [3, 5], "trainer.max_rollbacks=1")
@@ -85,7 +85,6 @@ def test_past_max_rollbacks_the_run_stops_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_with_no_committed_checkpoint_a_rollback_stops_the_run(tmp_path):
     run_dir = tmp_path / "run"
     done = launch_poisoned(run_dir, [1])

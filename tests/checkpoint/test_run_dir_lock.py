@@ -23,6 +23,8 @@ from tests.checkpoint.conftest import (
 from toolkit.errors import EXIT_CONFIG, EXIT_PREEMPTED
 from toolkit.executors import rundir_lock
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 HOLD = (
     "import sys, time; from pathlib import Path; from toolkit.executors import rundir_lock; "
     "rundir_lock.{call}; print('held', flush=True); time.sleep(600)"
@@ -42,7 +44,6 @@ def holding(run_dir, call: str = "acquire(Path(sys.argv[1]))") -> subprocess.Pop
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_second_launch_is_refused_while_the_first_runs_and_the_first_is_intact(
     tmp_path, reference, start
 ):
@@ -114,7 +115,6 @@ def free(run_dir) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 @pytest.mark.parametrize("rank_start", ["exec", "fork"])
 def test_ranks_end_with_their_launcher_checkpointed_and_a_relaunch_resumes(
     tmp_path, start, rank_start

@@ -22,6 +22,8 @@ from toolkit.checkpoint.resume import Candidate, choose_together, latest_valid
 from toolkit.checkpoint.storage import LocalStorage
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 def rewrite_manifest(directory, **fields) -> None:
     """Set (or, with None, remove) fields of the manifest, as another writer would have."""
@@ -75,7 +77,6 @@ def test_an_older_or_same_release_is_readable(tmp_path, written, running):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_resuming_a_newer_torchs_checkpoint_stops_before_any_rank_loads(copy_run):
     run_dir = copy_run()
     for step in (4, 6, 8):

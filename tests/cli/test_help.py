@@ -13,6 +13,8 @@ from toolkit.config.compose import group_options
 from toolkit.config.describe import field_docs
 from toolkit.config.job import GROUPS
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 GOLDEN = REPO / "tests" / "golden"
 
 
@@ -89,7 +91,6 @@ def test_python_m_launch_help_is_the_same_text(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_cfg_package_and_resolve_print_one_subtree(tmp_path):
     done = toolkit(tmp_path, "launch", "--cfg", "job", "--package", "trainer", "trainer.steps=7")
     assert done.returncode == 0, done.stderr
@@ -104,7 +105,6 @@ def test_cfg_package_and_resolve_print_one_subtree(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_info_shell_completion_and_hydra_help(tmp_path):
     info = toolkit(tmp_path, "launch", "--info", "searchpath")
     assert info.returncode == 0 and "file://" + str(REPO / "conf") in info.stdout

@@ -16,6 +16,8 @@ from toolkit.data.manifest import DataError
 from toolkit.data.synthetic import write_synthetic
 from toolkit.data.training import prepare
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 @pytest.fixture
 def dataset(tmp_path):
@@ -101,7 +103,6 @@ def test_an_embargo_shorter_than_the_horizon_is_a_config_problem() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_the_launcher_refuses_a_bad_dataset_in_one_line(dataset, tmp_path) -> None:
     shutil.copy(dataset / "part-00000.mask.npy", dataset / "part-00001.mask.npy")
     (dataset / "part-00002.values.npy").unlink()

@@ -11,6 +11,8 @@ import pytest
 from tests.checkpoint.conftest import losses
 from tests.conftest import launch
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 TINY = [
     "experiment=returns",
     "model.num_layers=1",
@@ -27,7 +29,6 @@ CKPT = ["checkpoint.enabled=true", "checkpoint.interval_steps=2", "checkpoint.ke
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_returns_checkpoint_resumes_on_one_rank_with_the_same_data(tmp_path) -> None:
     first = tmp_path / "first"
     cache = f"data.cache_dir={tmp_path / 'cache'}"

@@ -18,6 +18,8 @@ from tests.conftest import REPO, launch, losses
 from toolkit.errors import EXIT_PREEMPTED, UserError
 from toolkit.executors.rank_start import use_fork
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 def test_auto_forks_cpu_ranks_and_execs_gpu_ranks():
     assert use_fork("auto", gpus_here=0)
@@ -38,7 +40,6 @@ def test_an_unknown_way_to_start_ranks_is_a_one_line_config_error(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_forked_ranks_train_log_and_end_as_exec_ranks_do(tmp_path, tiny):
     runs = {}
     for how in ("exec", "fork"):
@@ -55,7 +56,6 @@ def test_forked_ranks_train_log_and_end_as_exec_ranks_do(tmp_path, tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_killed_rank_server_stops_its_ranks_and_the_launcher_still_hears_them(tmp_path, tiny):
     """The ranks take the server's death as their launcher's (SIGTERM: stop at the next step);
     the launcher, which adopts them, reaps them and ends with a failure instead of waiting on.

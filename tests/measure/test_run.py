@@ -11,6 +11,8 @@ from pathlib import Path
 import h5py
 import pytest
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY_FIELDS = {
     "step_time_s_median",
@@ -49,7 +51,6 @@ def bench(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_benchmark_writes_hdf5_and_json_with_the_documented_fields(tmp_path):
     out = tmp_path / "run"
     proc, summary = bench(
@@ -79,7 +80,6 @@ def test_benchmark_writes_hdf5_and_json_with_the_documented_fields(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_two_point_sweep_prints_a_comparison_with_scaling_efficiency_and_plots(tmp_path):
     out = tmp_path / "sweep"
     proc, sweep = bench(
@@ -109,7 +109,6 @@ def test_two_point_sweep_prints_a_comparison_with_scaling_efficiency_and_plots(t
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_time_to_target_stops_at_the_target_loss(tmp_path):
     # gpt_tiny on the built-in corpus: validation loss ~5.5 at init, below 5.0 within ~10 steps.
     proc, summary = bench(

@@ -11,6 +11,8 @@ from toolkit.config.nccl import NcclConfig
 from toolkit.distributed.env import DistEnv
 from toolkit.nccl import NcclSetupError, configure, effective_env
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 
 def dist_env(rank=0, local_rank=0, node_rank=0, num_nodes=2):
     return DistEnv(rank, local_rank, 8 * num_nodes, 8, node_rank, num_nodes, "127.0.0.1", 29500)
@@ -143,7 +145,6 @@ def test_flight_recorder_off_disables_the_dump(eth_root, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_the_entrypoint_stops_before_init_and_names_the_rank(tmp_path):
     """A real 2-rank launch with an HCA this machine lacks: exits non-zero, nothing trained."""
     run_dir = tmp_path / "run"

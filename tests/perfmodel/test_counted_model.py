@@ -12,6 +12,8 @@ from toolkit.config.hardware import HardwareConfig
 from toolkit.perfmodel.counted_model import CountedShape, matmul_rate, predict_counted
 from toolkit.perfmodel.layout import Layout
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 SHAPE = CountedShape(
     name="lstm",
     flops_per_sample=6.0e6,
@@ -71,7 +73,6 @@ LSTM = [
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_perfmodel_predicts_a_user_model_from_its_counted_costs(user_env):
     done = run_module("toolkit.perfmodel", "--json", *LSTM, env=user_env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -81,7 +82,6 @@ def test_perfmodel_predicts_a_user_model_from_its_counted_costs(user_env):
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_the_planner_offers_a_user_model_only_the_layouts_its_spec_runs(user_env):
     done = run_module(
         "toolkit.plan", *LSTM, "cluster.tasks_per_node=4", "--top", "50", env=user_env, timeout=120

@@ -15,6 +15,8 @@ import pytest
 from tests.conftest import REPO, launch, losses
 from toolkit.train.optim import lr_factor
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
+
 FIXTURES = REPO / "tests" / "fixtures"  # the user's package root, on every rank's path
 
 
@@ -28,7 +30,6 @@ def eval_events(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-@pytest.mark.load_tolerant
 def test_a_user_callback_records_steps_and_reports_eval_metrics_with_sgd(tmp_path, tiny):
     run, out = tmp_path / "run", tmp_path / "seen.json"
     callback = f"[{{_target_:userpkg.callbacks.LossWindow,out:'{out}',scale:2.0}}]"
