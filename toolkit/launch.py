@@ -30,6 +30,7 @@ from toolkit.config.model import series_shape
 from toolkit.config.validate import RuntimeCheck, validate
 from toolkit.data.manifest import DataError
 from toolkit.executors import PreparedRun, get_executor, rundir_lock
+from toolkit.files import write_private
 from toolkit.kernels.checks import kernel_problems
 from toolkit.nccl.checks import check_job as nccl_problems
 from toolkit.perfmodel.job import memory_problems
@@ -140,7 +141,7 @@ def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = 
     for sub in ("logs", "metrics"):  # a file in the way: one line here, not one per rank
         (run.run_dir / sub).mkdir(exist_ok=True)
     config = OmegaConf.create(job_to_dict(run.job))
-    _save_private(OmegaConf.to_yaml(config), run.run_dir / "config.yaml")
+    write_private(run.run_dir / "config.yaml", OmegaConf.to_yaml(config))
     dirs = sources.search_dirs(config_dirs)
     record = {
         "overrides": redact(run.overrides),
@@ -148,7 +149,7 @@ def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = 
         "sources": sources.sources_of(choices, dirs),
         "config_dirs": [str(d.path) for d in dirs],
     }
-    _save_private(OmegaConf.to_yaml(OmegaConf.create(record)), run.run_dir / "launch.yaml")
+    write_private(run.run_dir / "launch.yaml", OmegaConf.to_yaml(OmegaConf.create(record)))
 
 
 def claim_run_dir(run: PreparedRun) -> None:
@@ -167,13 +168,6 @@ def run_dir_error(run_dir: Path, exc: OSError) -> str:
         f"cannot write the run dir {run_dir}: {where}: {exc.strerror or exc}; "
         "choose a writable hydra.run.dir (and remove any file in the way)"
     )
-
-
-def _save_private(text: str, path: Path) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # also when the file was there already
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 def choices_of(cfg) -> dict:

@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from toolkit.files import write_private
 from toolkit.redact import REDACTED, redact, redact_env
 
 __all__ = ["REDACTED", "redact_env", "snapshot", "write_snapshot"]
@@ -77,6 +78,4 @@ def snapshot() -> dict[str, Any]:
 
 
 def write_snapshot(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(snapshot(), indent=2, sort_keys=True))
-    path.chmod(0o600)
+    write_private(path, json.dumps(snapshot(), indent=2, sort_keys=True))

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from toolkit.files import write_private
+
 # The signal that makes a rank write its stacks (faulthandler, installed at start in every
 # rank). Not SIGUSR1/SIGUSR2/SIGTERM/SIGINT (cluster.signal and preemption, Slurm's
 # --signal, submitit's handlers), not SIGABRT/SIGSEGV/SIGBUS (crashes: faulthandler's own
@@ -64,15 +66,6 @@ def new_hang_dir(run_dir: Path, now_unix: float | None = None) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"{base}/{stamp}: too many hangs in one second")
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write `text` to `path`, readable only by this user (0600), atomically."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def write_hang_summary(directory: Path, summary: dict[str, Any]) -> Path:

@@ -34,6 +34,7 @@ from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.errors import EXIT_PREEMPTED
 from toolkit.executors.preemption import signal_number, slurm_job_id
 from toolkit.executors.requeue import RequeuePolicy
+from toolkit.files import write_private
 from toolkit.session import BEAT, ENV, REQUEST, SessionSpec
 from toolkit.slurm_cli import requeue
 from toolkit.telemetry.schema import node_name
@@ -247,7 +248,7 @@ def note_failure(run_dir: Path, env: DistEnv, attempt: int, code: int, received:
         return
     record = {"job_id": job_id, "attempt": attempt, "rank": env.rank, "code": code}
     with contextlib.suppress(OSError):
-        failure_path(run_dir, env.rank).write_text(json.dumps(record) + "\n")
+        write_private(failure_path(run_dir, env.rank), json.dumps(record) + "\n")
 
 
 def failed_first(run_dir: Path, job_id: str, attempt: int) -> dict[str, int] | None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from toolkit.fault.hang import write_private
+from toolkit.files import write_private
 
 
 def status_path(socket: str) -> Path:

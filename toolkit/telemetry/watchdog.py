@@ -54,8 +54,8 @@ from toolkit.fault.hang import (
     one_line,
     pending_stack_file,
     write_hang_summary,
-    write_private,
 )
+from toolkit.files import write_private
 from toolkit.telemetry.heartbeat import LONG_PHASES, heartbeat_path, read_heartbeat
 from toolkit.telemetry.spec import AgentSpec, WatchdogSpec
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from toolkit.config.tracking import TrackingConfig
 from toolkit.events import Event, StepRecord
+from toolkit.files import write_private
 from toolkit.redact import redact_text
 from toolkit.tracking.base import Params, event_scalars, scalars
 
@@ -74,7 +75,7 @@ class MlflowTracker:
             )
             run = self._client.create_run(self.experiment_id, run_name=params.run_name)
             self.run_id = run.info.run_id
-            _write_private(self.id_file, self.run_id)
+            write_private(self.id_file, self.run_id)
             logged = set()
         # Params cannot change once logged: a resumed run adds only the new keys.
         values = {**params.config, "launch.overrides": " ".join(params.overrides)}
@@ -119,10 +120,3 @@ class MlflowTracker:
             base = redact_text(self.uri).rstrip("/")
             out["url"] = f"{base}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
         return out
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)

@@ -11,8 +11,8 @@ from typing import Any
 
 from toolkit.config.tracking import TrackingConfig
 from toolkit.events import Event, StepRecord
+from toolkit.files import write_private
 from toolkit.tracking.base import Params, event_scalars, scalars
-from toolkit.tracking.mlflow import _write_private
 
 
 class WandbTracker:
@@ -33,7 +33,7 @@ class WandbTracker:
             self.run_id = self.id_file.read_text().strip()
         else:
             self.run_id = secrets.token_hex(4)
-            _write_private(self.id_file, self.run_id)
+            write_private(self.id_file, self.run_id)
         self._run = wandb.init(
             mode=self.cfg.wandb_mode,
             dir=str(self.dir),
