@@ -86,6 +86,7 @@ def share_kept_out(stager, source) -> float:
         sys.setswitchinterval(interval)
 
 
+@pytest.mark.timing  # one core each: not beside other tests (scripts/test_suite.py)
 def test_staging_leaves_the_gil_to_the_training_thread(one_core_each):
     source = {f"t{i}": torch.randn(16_000_000) for i in range(6)}  # 6 x 64 MB
     ours = build_stager(torch.device("cpu"), overlap=True)

@@ -18,8 +18,14 @@ spec.loader.exec_module(suite)
 
 def test_the_streams_split_the_markers_so_that_every_test_runs_exactly_once():
     streams = suite.STREAMS
-    for slurm, slow, tolerant, waits in itertools.product((False, True), repeat=4):
-        marks = {"slurm": slurm, "slow": slow, "load_tolerant": tolerant, "waits": waits}
+    for slurm, slow, tolerant, waits, timing in itertools.product((False, True), repeat=5):
+        marks = {
+            "slurm": slurm,
+            "slow": slow,
+            "load_tolerant": tolerant,
+            "waits": waits,
+            "timing": timing,
+        }
         chosen = [s.name for s in streams if eval(s.marks, {}, marks)]  # noqa: S307 - ours
         assert len(chosen) == 1, (marks, chosen)
 
