@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
 UP_TIMEOUT_S = 300  # a first `up` may apt-get install Slurm, munge and MariaDB
 CLUSTER_NODES = 3
+QUIET_TIMEOUT_S = 60  # a job's epilog and slurmctld's cleanup take well under a second here
 
 
 def launch(
@@ -138,6 +139,23 @@ class SlurmCluster:
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} was not requeued ({restarts}) within {timeout_s} s")
 
+    def busy(self) -> str:
+        """What keeps the cluster from being quiet (jobs queued, nodes not idle); "" if quiet."""
+        jobs = self.run("squeue", "-h", "-o", "%i %T").stdout.split("\n")
+        nodes = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.split("\n")
+        not_idle = [line for line in nodes if line and not line.endswith(" idle")]
+        return "; ".join(line for line in [*jobs, *not_idle] if line.strip())
+
+    def wait_quiet(self, timeout_s: float = QUIET_TIMEOUT_S) -> None:
+        """Wait until no job is queued and every node is idle. An srun or a job that just
+        ended leaves its nodes COMPLETING for a moment, and Slurm gives the next job the
+        lowest-numbered idle nodes: a test that starts then finds n1 taken."""
+        deadline = time.monotonic() + timeout_s
+        while busy := self.busy():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the dev cluster is still busy after {timeout_s} s: {busy}")
+            time.sleep(0.1)
+
 
 def _unavailable(reason: str) -> None:
     if os.environ.get("CI", "").lower() == "true":
@@ -177,6 +195,13 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     exports = _exports(DEV_CLUSTER)
     os.environ.update(exports)
     yield SlurmCluster(script=DEV_CLUSTER, env=dict(os.environ))
+
+
+@pytest.fixture(autouse=True)
+def _quiet_cluster(request) -> None:
+    """Every Slurm test starts on a quiet cluster, whatever the test before it left running."""
+    if "slurm_cluster" in request.fixturenames:
+        request.getfixturevalue("slurm_cluster").wait_quiet()
 
 
 def pytest_collection_modifyitems(config, items) -> None:
