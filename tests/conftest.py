@@ -126,12 +126,12 @@ class SlurmCluster:
         """Make a detached job, requeued from inside itself, eligible now, as a user in a
         hurry would: Slurm holds such a job its AuthInfo cred_expire (120 s) and nothing
         outside the job is there to lift it (docs/slurm.md). Waits for the requeue first."""
-        from toolkit import slurm_cli
+        from toolkit import slurm_records
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             out = self.run("scontrol", "show", "job", "-o", job_id).stdout
-            records = slurm_cli.parse_show_job(out)
+            records = slurm_records.parse_show_job(out)
             if records and records[0].state == "PENDING" and records[0].restarts >= restarts:
                 update = ("scontrol", "update", f"JobId={job_id}", "StartTime=now")
                 if self.run(*update).returncode == 0:

@@ -8,7 +8,7 @@ from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import validate
 from toolkit.executors.preemption import classify, signal_number
-from toolkit.slurm_cli import parse_time
+from toolkit.slurm_records import parse_time
 
 
 def test_every_checkpoint_option_composes():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from toolkit import slurm_cli
+from toolkit import slurm_cli, slurm_records
 from toolkit.distributed.env import expand_nodelist
 from toolkit.executors.slurm_exclude import is_down, usable
 
@@ -23,13 +23,13 @@ def recorded(name: str) -> str:
 def test_an_array_with_pending_elements_reads_as_one_state_per_element():
     # scontrol show job -o 83, for `sbatch --array=0-3%2`: two elements run, two wait in one
     # shared record ("ArrayTaskId=2-3%2").
-    records = slurm_cli.parse_show_job(recorded("scontrol_show_job_array.txt"))
+    records = slurm_records.parse_show_job(recorded("scontrol_show_job_array.txt"))
     assert [(r.job_id, r.array_task_id, r.state) for r in records] == [
         ("83", "2-3%2", "PENDING"),
         ("87", "1", "RUNNING"),
         ("86", "0", "RUNNING"),
     ]
-    states = slurm_cli.states_of(records)
+    states = slurm_records.states_of(records)
     assert sorted(states) == ["83_0", "83_1", "83_2", "83_3"]
     assert states["83_2"].reason == "JobArrayTaskLimit" and not states["83_2"].final
     assert states["83_0"].state == "RUNNING" and states["83_0"].requeue
@@ -38,37 +38,37 @@ def test_an_array_with_pending_elements_reads_as_one_state_per_element():
 def test_a_requeued_job_shows_its_restart_count_exclude_list_and_log():
     # scontrol show job -o 84 after `scontrol requeue 84` and
     # `scontrol update JobId=84 StartTime=now ExcNodeList=n3`.
-    (job,) = slurm_cli.parse_show_job(recorded("scontrol_show_job_requeued.txt"))
+    (job,) = slurm_records.parse_show_job(recorded("scontrol_show_job_requeued.txt"))
     assert (job.job_id, job.state, job.restarts, job.requeue) == ("84", "RUNNING", 1, True)
     assert (job.exc_node_list, job.partition, job.std_out) == ("n3", "debug", "/tmp/req_84.out")
-    assert job.end_time == slurm_cli.parse_time("2027-12-03T11:16:32")
-    assert slurm_cli.states_of([job]) == {
-        "84": slurm_cli.JobState("RUNNING", 0, 0, "None", True, 1)
+    assert job.end_time == slurm_records.parse_time("2027-12-03T11:16:32")
+    assert slurm_records.states_of([job]) == {
+        "84": slurm_records.JobState("RUNNING", 0, 0, "None", True, 1)
     }
 
 
 def test_accounting_names_every_attempt_of_a_requeued_job():
     # sacct -n -D -X -P -j 84 -o State,NodeList,Start,End
-    first, second = slurm_cli.parse_attempts(recorded("sacct_attempts_requeued.txt"))
+    first, second = slurm_records.parse_attempts(recorded("sacct_attempts_requeued.txt"))
     assert (first.state, first.nodelist, first.ended) == ("REQUEUED", "n1", True)
     assert (second.state, second.end, second.ended) == ("RUNNING", "Unknown", False)
-    assert slurm_cli.parse_time(second.end) is None
+    assert slurm_records.parse_time(second.end) is None
 
 
 def test_accounting_states_carry_exit_codes_once_slurmctld_forgot_the_job():
     # sacct -n -X -P -j 85 -o JobID,State,ExitCode, for `sbatch --wrap "exit 3"`
-    failed = slurm_cli.parse_sacct_states(recorded("sacct_states_failed.txt"))
-    assert failed == {"85": slurm_cli.JobState("FAILED", 3, 0)}
+    failed = slurm_records.parse_sacct_states(recorded("sacct_states_failed.txt"))
+    assert failed == {"85": slurm_records.JobState("FAILED", 3, 0)}
     assert failed["85"].final and failed["85"].exit_status() == 3
     # the same for the array, element by element
-    states = slurm_cli.parse_sacct_states(recorded("sacct_states_array.txt"))
+    states = slurm_records.parse_sacct_states(recorded("sacct_states_array.txt"))
     assert {k: s.exit_status() for k, s in states.items()} == {f"83_{i}": 0 for i in range(4)}
 
 
 def test_the_report_reads_accounting_as_json_or_in_the_parsable_form():
     # sacct -j 85 --json, and sacct -j 85 -X -P -n -o <PARSABLE_FIELDS>
-    (as_json,) = slurm_cli.parse_sacct_json(recorded("sacct_json_failed.json"))
-    (parsable,) = slurm_cli.parse_sacct_parsable(recorded("sacct_parsable_failed.txt"))
+    (as_json,) = slurm_records.parse_sacct_json(recorded("sacct_json_failed.json"))
+    (parsable,) = slurm_records.parse_sacct_parsable(recorded("sacct_parsable_failed.txt"))
     for summary in (as_json, parsable):
         assert (str(summary["job_id"]), summary["state"], summary["nodes"]) == (
             "85",
@@ -76,20 +76,20 @@ def test_the_report_reads_accounting_as_json_or_in_the_parsable_form():
             "n1",
         )
         assert summary["name"] == "wrap" and summary["elapsed_s"] == 0
-    assert slurm_cli.parse_sacct_json("sacct: error: no JSON plugin") is None
+    assert slurm_records.parse_sacct_json("sacct: error: no JSON plugin") is None
 
 
 def test_node_states_and_node_events_of_the_dev_cluster():
     # sinfo -h -N -o '%N %t'
-    nodes = slurm_cli.parse_sinfo_nodes(recorded("sinfo_nodes.txt"))
+    nodes = slurm_records.parse_sinfo_nodes(recorded("sinfo_nodes.txt"))
     assert nodes == {"n1": "idle", "n2": "idle", "n3": "idle"}
     assert all(usable(s) and not is_down(s) for s in nodes.values())
     # sacctmgr -n -P show event Nodes=n1,n2,n3 Start=... format=NodeName,State,Reason,TimeStart,
     # after the node-exclusion tests set n2 DOWN
-    events = slurm_cli.parse_node_events(recorded("sacctmgr_events.txt"))
+    events = slurm_records.parse_node_events(recorded("sacctmgr_events.txt"))
     assert {(e.node, e.state) for e in events} == {("n2", "DOWN")}
     assert {e.reason for e in events} == {"toolkit-test", "detached"}
-    assert all(slurm_cli.parse_time(e.start) is not None for e in events)
+    assert all(slurm_records.parse_time(e.start) is not None for e in events)
 
 
 def test_without_scontrol_a_nodelist_expands_as_scontrol_expands_it(monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 from toolkit.config.cluster import ClusterConfig, parse_sbatch_extra, slurm_problems
 from toolkit.executors.slurm_jobs import failed_task
 from toolkit.executors.slurm_sbatch import parameters, plan
-from toolkit.slurm_cli import JobState, _task_ids
+from toolkit.slurm_records import JobState, _task_ids
 
 REPO = Path("/repo")
 

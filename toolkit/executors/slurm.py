@@ -26,13 +26,13 @@ from toolkit.executors.slurm_sbatch import Submission, log_path, plan
 from toolkit.fault.hang import hang_summaries
 from toolkit.redact import redact
 from toolkit.slurm_cli import (
-    JobState,
     SbatchRejected,
     SlurmCommandError,
     cancel,
     job_states,
     sbatch,
 )
+from toolkit.slurm_records import JobState
 
 POLL_S = 0.5
 TAIL_LINES = 20

@@ -22,6 +22,7 @@ from toolkit import slurm_cli
 from toolkit.executors import badnodes
 from toolkit.executors.exclusion import BadNode, Decision, decide, hostnames
 from toolkit.executors.requeue import JobShape, RequeuePolicy
+from toolkit.slurm_records import Attempt, parse_time
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def is_down(state: str) -> bool:
     return state.endswith("*") or state.rstrip("~#$@^-+!%*").startswith(DOWN_STATES)
 
 
-def attempts(job_id: str, attempt: int, wait_s: float = 0.0) -> list[slurm_cli.Attempt]:
+def attempts(job_id: str, attempt: int, wait_s: float = 0.0) -> list[Attempt]:
     """Every attempt of the job in accounting; waits up to wait_s for accounting to record
     attempt `attempt` as ended (slurmdbd lags a moment)."""
     deadline = time.monotonic() + wait_s
@@ -52,12 +53,12 @@ def attempts(job_id: str, attempt: int, wait_s: float = 0.0) -> list[slurm_cli.A
 def node_down_events(nodes: list[str], start: str, end: str) -> dict[str, str]:
     """{node: reason} of the nodes that Slurm's accounting saw go down, drained or failed
     between start and end (+60 s): the record survives the node's return to service."""
-    limit = slurm_cli.parse_time(end)
+    limit = parse_time(end)
     found: dict[str, str] = {}
     for e in slurm_cli.node_events(nodes, start):
         if e.node not in nodes:
             continue
-        when = slurm_cli.parse_time(e.start)
+        when = parse_time(e.start)
         if limit is not None and when is not None and when > limit + 60:
             continue
         if e.state.upper().startswith(("DOWN", "FAIL", "DRAIN")):
