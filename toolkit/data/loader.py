@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import dataclasses
 import json
+import multiprocessing
 import signal
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -181,6 +182,23 @@ def _ignore_preemption_signals(_worker_id: int) -> None:
     torch.set_num_threads(1)
 
 
+def worker_start_method(num_workers: int) -> str | None:
+    """How the loader's workers start: Python's default (fork on Linux), except where that
+    default is spawn, which a rank started by torch.multiprocessing.spawn inherits: there,
+    forkserver. A spawned worker ends through the interpreter's finalization while its
+    queue's feeder thread may still be handing a batch's storage over; that thread then
+    exits inside torch's C++ code and the worker aborts ("terminate called without an active
+    exception", 21 of 60 closes on the dev VM). A forkserver child ends with os._exit, as a
+    forked one does; it needs a picklable dataset, as a spawned one does."""
+    if not num_workers:
+        return None
+    current = multiprocessing.get_start_method(allow_none=True)
+    current = current or multiprocessing.get_all_start_methods()[0]
+    if current == "spawn" and "forkserver" in multiprocessing.get_all_start_methods():
+        return "forkserver"
+    return None
+
+
 class StepLoader:
     """The Loader contract over a map-style Dataset whose item s is this rank's micro-batches
     of step s (`steps()`, built from the current plan: a resume may re-split it): torch
@@ -222,6 +240,7 @@ class StepLoader:
                 prefetch_factor=self.prefetch if self.num_workers else None,
                 pin_memory=self.pin_memory,
                 worker_init_fn=_ignore_preemption_signals if self.num_workers else None,
+                multiprocessing_context=worker_start_method(self.num_workers),
                 persistent_workers=False,
             )
             with _preemption_signals_blocked():

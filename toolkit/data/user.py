@@ -37,6 +37,7 @@ from toolkit.data.loader import (
     StepLoader,
     _ignore_preemption_signals,
     _preemption_signals_blocked,
+    worker_start_method,
 )
 from toolkit.data.samples import SampleOrder
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
@@ -181,6 +182,7 @@ class StreamLoader:
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch if self.num_workers else None,
             worker_init_fn=_ignore_preemption_signals if self.num_workers else None,
+            multiprocessing_context=worker_start_method(self.num_workers),
         )
         if self._stream_state is not None:
             self._loader.load_state_dict(self._stream_state)
