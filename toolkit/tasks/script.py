@@ -128,7 +128,7 @@ class Progress:
 
 
 def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict[str, Any]:
-    from toolkit.tasks.train import watchdog_spec
+    from toolkit.tasks.train_hooks import watchdog_spec
 
     attempt = restart_count()
     sinks = build_telemetry_sinks(
