@@ -141,9 +141,11 @@ class SlurmCluster:
 
     def busy(self) -> str:
         """What keeps the cluster from being quiet (jobs queued, nodes not idle); "" if quiet."""
-        jobs = self.run("squeue", "-h", "-o", "%i %T").stdout.split("\n")
-        nodes = self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout.split("\n")
-        not_idle = [line for line in nodes if line and not line.endswith(" idle")]
+        from toolkit.slurm_records import parse_sinfo_nodes
+
+        jobs = self.run("squeue", "-h", "-o", "%i %T").stdout.splitlines()
+        nodes = parse_sinfo_nodes(self.run("sinfo", "-h", "-N", "-o", "%N %t").stdout)
+        not_idle = [f"{node} {state}" for node, state in nodes.items() if state != "idle"]
         return "; ".join(line for line in [*jobs, *not_idle] if line.strip())
 
     def wait_quiet(self, timeout_s: float = QUIET_TIMEOUT_S) -> None:

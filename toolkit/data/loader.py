@@ -199,6 +199,18 @@ def worker_start_method(num_workers: int) -> str | None:
     return None
 
 
+def worker_options(num_workers: int, prefetch: int) -> dict[str, Any]:
+    """A DataLoader's worker arguments, as every loader here sets them: `prefetch` steps
+    ahead per worker, workers that ignore preemption signals and start as
+    worker_start_method says (none of it without workers)."""
+    return {
+        "num_workers": num_workers,
+        "prefetch_factor": prefetch if num_workers else None,
+        "worker_init_fn": _ignore_preemption_signals if num_workers else None,
+        "multiprocessing_context": worker_start_method(num_workers),
+    }
+
+
 class StepLoader:
     """The Loader contract over a map-style Dataset whose item s is this rank's micro-batches
     of step s (`steps()`, built from the current plan: a resume may re-split it): torch
@@ -236,12 +248,9 @@ class StepLoader:
                 self.steps(),
                 batch_size=None,
                 sampler=range(self.next_step, NEVER),
-                num_workers=self.num_workers,
-                prefetch_factor=self.prefetch if self.num_workers else None,
                 pin_memory=self.pin_memory,
-                worker_init_fn=_ignore_preemption_signals if self.num_workers else None,
-                multiprocessing_context=worker_start_method(self.num_workers),
                 persistent_workers=False,
+                **worker_options(self.num_workers, self.prefetch),
             )
             with _preemption_signals_blocked():
                 self._iter = iter(self._loader)

@@ -35,9 +35,8 @@ from toolkit.config.data import DatasetConfig
 from toolkit.data.loader import (
     SamplePlan,
     StepLoader,
-    _ignore_preemption_signals,
     _preemption_signals_blocked,
-    worker_start_method,
+    worker_options,
 )
 from toolkit.data.samples import SampleOrder
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
@@ -179,10 +178,7 @@ class StreamLoader:
         self._loader = StatefulDataLoader(
             self.dataset,
             batch_size=None,
-            num_workers=self.num_workers,
-            prefetch_factor=self.prefetch if self.num_workers else None,
-            worker_init_fn=_ignore_preemption_signals if self.num_workers else None,
-            multiprocessing_context=worker_start_method(self.num_workers),
+            **worker_options(self.num_workers, self.prefetch),
         )
         if self._stream_state is not None:
             self._loader.load_state_dict(self._stream_state)
