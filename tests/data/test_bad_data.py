@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import numpy as np
@@ -12,9 +13,11 @@ from tests.data.conftest import config
 from toolkit.config.data import DataConfig, problems
 from toolkit.config.model import TimeSeriesConfig
 from toolkit.data import writer
+from toolkit.data.__main__ import main as data_main
+from toolkit.data.inspect import summary
 from toolkit.data.manifest import DataError
 from toolkit.data.synthetic import write_synthetic
-from toolkit.data.training import prepare
+from toolkit.data.training import open_dataset, prepare
 
 pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
 
@@ -65,6 +68,43 @@ def test_nans_outside_the_mask_are_found_before_training(dataset) -> None:
     values.flush()
     message = check(config(dataset), "NaN at row")
     assert "part-00001.values.npy" in message and "set the mask to 0" in message
+
+
+def plant(dataset, value: float) -> tuple[int, int, int]:
+    """Writes `value` into an observed cell of part 1 (as a tool editing the file would)."""
+    values = np.load(dataset / "part-00001.values.npy", mmap_mode="r+")
+    mask = np.load(dataset / "part-00001.mask.npy")
+    t, i, f = (int(x) for x in np.argwhere(mask)[40])
+    values[t, i, f] = value
+    values.flush()
+    return t, i, f
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf])
+def test_an_infinite_value_is_refused_like_a_nan(dataset, value) -> None:
+    t, i, f = plant(dataset, value)
+    message = check(config(dataset), re.escape(f"{value:+} at row {t} "))
+    assert "part-00001.values.npy" in message and f"instrument {i}, feature {f}" in message
+    # also with data.verify=false: the loader's read refuses it before any step uses it
+    reader = open_dataset(config(dataset, verify=False), 12, 4).reader
+    with pytest.raises(DataError, match="inf at row"):
+        reader.window(0, reader.manifest.num_times)
+
+
+def test_inspect_warns_about_an_infinite_value_and_leaves_it_out(dataset, capsys) -> None:
+    clean = summary(dataset)["features"]
+    t, i, f = plant(dataset, np.inf)
+    assert data_main(["inspect", str(dataset)]) == 0
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1, out
+    assert "1 NaN/inf value(s) where the mask says observed (1 in" in warnings[0]
+    assert f"part-00001.values.npy at row {t}, instrument {i}" in warnings[0]
+    assert "training refuses this dataset" in warnings[0]
+    name = list(clean)[f]
+    stats = summary(dataset)["features"][name]
+    assert stats["nonfinite"] == 1 and np.isfinite([stats["mean"], stats["std"]]).all()
+    assert stats["missing"] == pytest.approx(clean[name]["missing"])
 
 
 def test_a_window_longer_than_the_data_is_refused(dataset) -> None:

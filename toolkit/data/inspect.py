@@ -12,13 +12,24 @@ from toolkit.data.reader import DatasetReader
 
 
 def summary(root: str | Path) -> dict:
-    reader = DatasetReader(root)
+    """Statistics of the finite observed values; NaN or inf where the mask says observed
+    (which training refuses) are counted apart and named in `warnings`."""
+    reader = DatasetReader(root, refuse_nonfinite=False)
     m = reader.manifest
     f = m.shape[2]
     moments = np.zeros((3, f))
+    nonfinite = np.zeros(f, np.int64)
+    first_bad: tuple[int, int, int] | None = None
     low = np.full(f, np.inf)
     high = np.full(f, -np.inf)
-    for _, v, mask in reader.iter_chunks():  # every chunk: min and max are not stored
+    for t0, v, mask in reader.iter_chunks():  # every chunk: min and max are not stored
+        bad = mask & ~np.isfinite(v)
+        if bad.any():
+            nonfinite += bad.sum(axis=(0, 1))
+            if first_bad is None:
+                t, i, j = (int(x) for x in np.argwhere(bad)[0])
+                first_bad = (t0 + t, i, j)
+            mask = mask & ~bad
         moments += chunk_moments(v, mask)
         low = np.minimum(low, np.where(mask, v, np.inf).min(axis=(0, 1)))
         high = np.maximum(high, np.where(mask, v, -np.inf).max(axis=(0, 1)))
@@ -28,7 +39,8 @@ def summary(root: str | Path) -> dict:
     mean, std = mean_std(moments)
     features = {
         name: {
-            "missing": 1 - count[j] / max(cells, 1),
+            "missing": 1 - (count[j] + nonfinite[j]) / max(cells, 1),
+            "nonfinite": int(nonfinite[j]),
             "mean": mean[j],
             "std": std[j],
             "min": low[j],
@@ -36,8 +48,19 @@ def summary(root: str | Path) -> dict:
         }
         for j, name in enumerate(m.features)
     }
+    warnings = []
+    if first_bad is not None:
+        t, i, j = first_bad
+        part = next(p for p in m.parts if p.time_start <= t < p.time_stop)
+        counts = ", ".join(f"{n} in {m.features[k]}" for k, n in enumerate(nonfinite) if n)
+        warnings.append(
+            f"{int(nonfinite.sum())} NaN/inf value(s) where the mask says observed ({counts}; "
+            f"the first in {Path(root) / part.path} at row {t - part.time_start}, instrument "
+            f"{i}); training refuses this dataset: fix the values or set the mask to 0 there, "
+            "then prepare it again (the statistics above leave them out)"
+        )
     size = sum((Path(root) / p.path).stat().st_size for p in m.parts)
-    return {"manifest": m, "bytes": size, "features": features}
+    return {"manifest": m, "bytes": size, "features": features, "warnings": warnings}
 
 
 def format_summary(root: str | Path, s: dict) -> str:
@@ -56,4 +79,5 @@ def format_summary(root: str | Path, s: dict) -> str:
             f"{name:<16}{100 * st['missing']:>8.2f}%{st['mean']:>12.4g}{st['std']:>12.4g}"
             f"{st['min']:>12.4g}{st['max']:>12.4g}"
         )
+    lines += [f"warning: {w}" for w in s["warnings"]]
     return "\n".join(lines)

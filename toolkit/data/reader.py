@@ -15,9 +15,31 @@ from toolkit.data.formats import PartReader
 from toolkit.data.manifest import TIMES, DataError, Manifest, check_files, read_manifest
 
 
+def nonfinite_message(path: Path, values: np.ndarray, mask: np.ndarray, row0: int) -> str:
+    """One line naming the first NaN or inf where the mask says observed (row0: the file
+    row of values[0])."""
+    bad = ~np.isfinite(values) & mask
+    t, i, f = (int(x) for x in np.argwhere(bad)[0])
+    kind = "NaN" if np.isnan(values[t, i, f]) else f"{values[t, i, f]:+}"
+    return (
+        f"{path}: {kind} at row {t + row0} (instrument {i}, feature {f}) where the mask says "
+        f"observed; set the mask to 0 there (missing) or fix the value, then prepare the "
+        f"dataset again"
+    )
+
+
 class DatasetReader:
-    def __init__(self, root: str | Path, cache_bytes: int = 256 << 20, check: bool = True):
+    def __init__(
+        self,
+        root: str | Path,
+        cache_bytes: int = 256 << 20,
+        check: bool = True,
+        refuse_nonfinite: bool = True,
+    ):
+        """refuse_nonfinite=False hands out NaN or inf where the mask says observed
+        (`inspect` counts them and warns); training always refuses them."""
         self.root = Path(root)
+        self.refuse_nonfinite = refuse_nonfinite
         self.manifest: Manifest = read_manifest(self.root)
         if check:
             check_files(self.root, self.manifest)
@@ -84,12 +106,8 @@ class DatasetReader:
         hi = min((k + 1) * c, part.time_stop) - part.time_start
         values, mask = self._reader(i).read(lo, hi)
         mask = mask.astype(bool)
-        if np.isnan(values[mask]).any():
-            t = int(np.argwhere(np.isnan(values) & mask)[0][0]) + lo
-            raise DataError(
-                f"{self.root / part.path}: NaN at row {t} where the mask says observed; set "
-                f"the mask to 0 there (missing) or fix the value, then prepare the dataset again"
-            )
+        if self.refuse_nonfinite and not np.isfinite(values[mask]).all():
+            raise DataError(nonfinite_message(self.root / part.path, values, mask, lo))
         size = values.nbytes + mask.nbytes
         self.bytes_read += size
         self._cache[k] = (values, mask)

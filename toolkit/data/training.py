@@ -2,8 +2,9 @@
 the launcher imports this on every launch).
 
 Every problem is a DataError with one line naming the file or field and what to do: a
-missing or truncated file, a feature name not in the manifest, NaNs outside the mask, a
-window longer than a split's period, a model whose width does not fit the samples.
+missing or truncated file, a feature name not in the manifest, NaN or inf where the mask
+says observed, a window longer than a split's period, a model whose width does not fit the
+samples.
 """
 
 from __future__ import annotations
@@ -78,8 +79,8 @@ def open_dataset(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Open
 
 
 def verify(reader: DatasetReader) -> None:
-    """Reads every chunk once: damaged files and NaNs outside the mask fail here, not at
-    some step hours into training."""
+    """Reads every chunk once: damaged files and NaN or inf where the mask says observed
+    fail here, not at some step hours into training."""
     for _ in reader.iter_chunks():
         pass
     if len(reader.times) > 1 and not (np.diff(reader.times) > 0).all():
