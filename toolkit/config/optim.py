@@ -14,13 +14,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from toolkit.config.errors import below_minimum
+from toolkit.config.errors import below_minimum, switch_problems
 from toolkit.config.targets import TargetConfig, target_problems
 
 # constant: warm-up, then the peak lr. linear / cosine: warm-up, then down to lr *
 # min_lr_ratio at the last step. wsd (warm-up, stable, decay): warm-up, the peak lr, then a
 # linear decay to lr * min_lr_ratio over the last decay_fraction of trainer.steps.
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
+# optim.fused (both schemas), how the step's arithmetic runs (toolkit.train.optim.step_kernels): auto: one
+# fused kernel for all parameters on CUDA where the optimizer has one (fused=True), a few
+# multi-tensor kernels elsewhere (foreach=True, what CPU runs as before); on: fused wherever
+# torch has it (CUDA, and the CPU for AdamW, Adam, SGD); off: foreach everywhere.
 
 
 @dataclass
@@ -41,6 +45,7 @@ class OptimConfig:
     compile_step: str = "auto"  # auto | true | false
     schedule: str = "cosine"  # constant | linear | cosine | wsd (after the warm-up)
     decay_fraction: float = 0.2  # wsd: the last fraction of trainer.steps that decays
+    fused: str = "auto"  # auto | on | off (above SCHEDULES: what each means)
 
     # adamw: torch.optim.AdamW, fp32 states. adamw8bit / adamw_lowmem: low-bit optimizer
     # states (toolkit.train.optim says which library and why; docs/kernels.md).
@@ -61,6 +66,7 @@ class OptimTargetConfig(TargetConfig):
     # Two parameter groups: 1-D parameters (norms, biases) without weight decay, the rest
     # with the optimizer's weight_decay. false: one group, every parameter decayed alike.
     no_decay_1d: bool = True
+    fused: str = "auto"  # auto | on | off, as for OptimConfig (the fused/foreach keywords)
 
     @property
     def name(self) -> str:
@@ -72,11 +78,11 @@ def problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
     """Problems with the optimizer group, one line each."""
     if isinstance(o, OptimTargetConfig):
         p = target_problems("optim", o) + _lr_problems(o.kwargs)
-        p += below_minimum("optim", o, {"warmup_steps": 0})
+        p += below_minimum("optim", o, {"warmup_steps": 0}) + switch_problems("optim", o, ("fused",))
         if not o.grad_clip >= 0:  # also NaN
             p.append(f"optim.grad_clip={o.grad_clip}: must be >= 0 (0 disables clipping)")
         return p + schedule_problems(o)
-    p = below_minimum("optim", o, {"warmup_steps": 0})
+    p = below_minimum("optim", o, {"warmup_steps": 0}) + switch_problems("optim", o, ("fused",))
     if o.name not in OptimConfig.NAMES:
         p.append(f"optim.name={o.name}: unknown; allowed: {', '.join(OptimConfig.NAMES)}")
     if str(o.compile_step).lower() not in OptimConfig.COMPILE_STEP:
@@ -88,7 +94,25 @@ def problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
         p.append(f"optim.lr={o.lr}: must be a finite number > 0")
     if not (math.isfinite(o.grad_clip) and o.grad_clip >= 0):
         p.append(f"optim.grad_clip={o.grad_clip}: must be a finite number >= 0 (0: no clipping)")
-    return p + schedule_problems(o)
+    return p + adam_problems(o.beta1, o.beta2, o.eps, o.weight_decay) + schedule_problems(o)
+
+
+def adam_problems(beta1: Any, beta2: Any, eps: Any, weight_decay: Any) -> list[str]:
+    """AdamW's hyperparameters, checked here because NaN passes every comparison: a NaN or
+    1.5 beta reaches the ranks and ends the run at step 1 blaming the learning rate."""
+    p = []
+    for name, beta in (("beta1", beta1), ("beta2", beta2)):
+        if not (_finite(beta) and 0 <= beta < 1):
+            p.append(f"optim.{name}={beta}: must be a number in [0, 1) (e.g. 0.9, 0.95)")
+    if not (_finite(eps) and eps > 0):
+        p.append(f"optim.eps={eps}: must be a finite number > 0 (e.g. 1e-8)")
+    if not (_finite(weight_decay) and weight_decay >= 0):
+        p.append(f"optim.weight_decay={weight_decay}: must be a finite number >= 0 (0: none)")
+    return p
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def schedule_problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
