@@ -12,14 +12,17 @@ Bad input exits 2 before any rank starts, one line per problem.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from toolkit import pack
 from toolkit.config import hydra_tools, sources
 from toolkit.config.cluster import check_run_dir
 from toolkit.config.compose import compose_raw, job_to_dict, open_dict_overrides, to_job
@@ -117,19 +120,75 @@ def prepare(
     sweep_dir: Path | None = None
     for index, overrides in enumerate(overrides_list):
         cfg = compose_raw(overrides, config_dirs)
-        job = to_job(cfg)
         if multirun:
             if sweep_dir is None:
                 sweep_dir = Path(str(cfg.hydra.sweep.dir)).resolve()
             run_dir = sweep_dir / str(index)
         else:
             run_dir = Path(str(cfg.hydra.run.dir)).resolve()
-        job.run_dir = str(run_dir)
-        check_run_dir(job.run_dir, multirun)
-        validate(job, RUNTIME_CHECKS)
-        runs.append(PreparedRun(job=job, run_dir=run_dir, overrides=overrides))
+        runs.append(prepared(cfg, overrides, run_dir, multirun))
         cfgs.append(cfg)
     return runs, cfgs
+
+
+def prepared(cfg, overrides: list[str], run_dir: Path, multirun: bool) -> PreparedRun:
+    """The composed config as a validated job that runs in `run_dir`."""
+    job = to_job(cfg)
+    job.run_dir = str(run_dir)
+    check_run_dir(job.run_dir, multirun)
+    validate(job, RUNTIME_CHECKS)
+    return PreparedRun(job=job, run_dir=run_dir, overrides=overrides)
+
+
+@dataclass
+class Packing:
+    """A -m sweep packed into ensembles (launch.pack=auto): what runs, and for each run
+    that became a member, the pointer file its own run dir gets."""
+
+    runs: list[PreparedRun]
+    cfgs: list
+    table: list[str]  # which run went where (toolkit.pack.pack_table)
+    pointers: dict[Path, dict]  # SWEEP/<index>/packed.json -> its content
+
+
+def pack_sweep(
+    runs: list[PreparedRun], cfgs: list, config_dirs: Sequence[str] = ()
+) -> Packing | None:
+    """The sweep's runs grouped into packs (toolkit.pack.group); each pack of several runs
+    becomes one job in SWEEP/pack<i> with trainer.ensemble and trainer.members, composed
+    and validated as any job; a run of its own keeps its run dir. None when the sweep does
+    not ask for packing."""
+    if not any(r.job.launch.pack == "auto" for r in runs):
+        return None
+    from toolkit.config.trainer import PACKABLE
+
+    sweep = [
+        pack.SweepRun(i, r.overrides, job_to_dict(r.job), pack.not_packable(r.job))
+        for i, r in enumerate(runs)
+    ]
+    packs = pack.group(sweep, PACKABLE)
+    sweep_dir = runs[0].run_dir.parent
+    out = Packing([], [], [], {})
+    names: list[str] = []
+    packed = 0
+    for p in packs:
+        first = p.runs[0].index
+        if not p.packed:  # a run of its own: as without packing
+            out.runs.append(runs[first])
+            out.cfgs.append(cfgs[first])
+            names.append(runs[first].run_dir.name)
+            continue
+        overrides = [*runs[first].overrides, *p.ensemble_overrides()]
+        run_dir, packed = sweep_dir / f"pack{packed}", packed + 1
+        out.runs.append(prepared(compose_raw(overrides, config_dirs), overrides, run_dir, True))
+        out.cfgs.append(cfgs[first])
+        names.append(run_dir.name)
+        for run, member in zip(p.runs, p.members, strict=True):
+            out.pointers[runs[run.index].run_dir / pack.POINTER] = pack.pointer(
+                run.overrides, run_dir, member["name"]
+            )
+    out.table = pack.pack_table(packs, names)
+    return out
 
 
 def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = ()) -> None:
@@ -279,14 +338,24 @@ def main(argv: list[str] | None = None) -> int:
             runs, cfgs = prepare(
                 expand(args.overrides, args.multirun), args.multirun, args.config_dir
             )
+            packing = pack_sweep(runs, cfgs, args.config_dir) if args.multirun else None
         for w in caught:
             print(f"warning: {w.message}", file=sys.stderr)
     except ConfigError as exc:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
         return 2
+    if not args.multirun and runs[0].job.launch.pack == "auto":
+        print(
+            "warning: launch.pack=auto: only a -m sweep is packed; this run is one", file=sys.stderr
+        )
+    if packing is not None:
+        runs, cfgs = packing.runs, packing.cfgs
     if args.cfg:
         return print_cfg(args, runs, cfgs)
+    if packing is not None:
+        print(f"launch.pack=auto: {len(runs)} job(s) for the sweep's runs", flush=True)
+        print("\n".join(packing.table), flush=True)
 
     from toolkit.data.files import prepare as prepare_data
 
@@ -306,6 +375,13 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             except OSError as exc:
                 print(f"error: {run_dir_error(run.run_dir, exc)}", file=sys.stderr)
+                return 2
+    if packing is not None and not runs[0].job.launch.dry_run:
+        for path, record in packing.pointers.items():
+            try:  # each packed run's own dir says where its results are
+                write_private(path, json.dumps(record, indent=2) + "\n")
+            except OSError as exc:
+                print(f"error: {run_dir_error(path.parent, exc)}", file=sys.stderr)
                 return 2
     kinds = {run.job.cluster.kind for run in runs}
     if len(kinds) != 1:

@@ -17,6 +17,11 @@ class LaunchConfig:
     # Local ranks: `exec` starts each in a fresh interpreter; `fork` forks them from one
     # process that imported torch once (CPU ranks only); `auto` forks where there is no GPU.
     rank_start: str = "auto"
+    # A -m sweep: "auto" trains the runs that differ only in packable settings (seed, lr,
+    # weight decay, warm-up, dropout: toolkit.config.trainer.PACKABLE) as one ensemble per
+    # shape, one process (one Slurm job or array element) each (toolkit.pack); "off": one
+    # process per run.
+    pack: str = "off"
     # A rank's log file (logs/rank<k>.out, .err) past this many bytes is rotated to
     # rank<k>.out.1 (the one before is dropped): the newest output is kept, the disk is not
     # filled by a script that prints without end. 0: no cap.
@@ -24,6 +29,7 @@ class LaunchConfig:
 
 
 RANK_STARTS = ("auto", "exec", "fork")
+PACK_MODES = ("off", "auto")
 MIN_LOG_BYTES = 4096
 
 
@@ -37,6 +43,11 @@ def problems(cfg: LaunchConfig) -> list[str]:
         )
     if cfg.rank_start not in RANK_STARTS:
         found.append(f"launch.rank_start={cfg.rank_start}: must be one of {', '.join(RANK_STARTS)}")
+    if cfg.pack not in PACK_MODES:
+        found.append(
+            f"launch.pack={cfg.pack}: must be one of {', '.join(PACK_MODES)} (auto packs a -m "
+            "sweep's runs into ensembles)"
+        )
     size = cfg.max_log_bytes
     if (
         isinstance(size, bool)
