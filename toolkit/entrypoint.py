@@ -19,7 +19,11 @@ import threading
 import traceback
 from pathlib import Path
 
+from toolkit import descendants
 from toolkit.errors import UserError
+
+# What this rank leaves running when it ends gets this long after SIGTERM (launch.kill_grace_s).
+_grace_s = [5.0]
 
 
 def setup_logging(rank: int, run_dir: Path) -> None:
@@ -51,6 +55,7 @@ def fail_with_one_line(exc: UserError, rank: int, run_dir: Path, log: logging.Lo
         (run_dir / "logs" / f"error-rank{rank}.txt").write_text(line + "\n")
     finally:
         logging.shutdown()
+    descendants.kill_now()  # its DataLoader workers, a script's children: not left behind
     os._exit(exc.exit_code)
 
 
@@ -86,12 +91,15 @@ def run_rank(run_dir: Path) -> int:
 
     env = discover()
     setup_logging(env.rank, run_dir)
+    descendants.become_subreaper()  # orphans below this rank stay below it, to be ended
     log = logging.getLogger("toolkit.entrypoint")
     from toolkit.fault.hang import install_stack_dump, remove_stack_dump
 
     install_stack_dump(run_dir, env.rank)  # the hang watchdog's evidence: stacks on a signal
     try:
         job = load_job(run_dir / "config.yaml")
+        _grace_s[0] = job.launch.kill_grace_s
+        descendants.end_with_parent(job.launch.kill_grace_s)
         from toolkit.nccl import configure  # NCCL/PyTorch variables, checked against the node
 
         configure(job.nccl, env, run_dir)
@@ -116,6 +124,7 @@ def run_rank(run_dir: Path) -> int:
             mark_bad_node(run_dir, text)
         finally:
             logging.shutdown()
+            descendants.kill_now()
         code = (
             exc.code
             if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code
@@ -137,13 +146,16 @@ def exit_without_teardown(code: int) -> None:
     was done and its files were closed (docs/BENCHMARKS.md, "Issue 37 — a rank's exit").
     `threading._shutdown` and `atexit._run_exitfuncs` are CPython's own (what its
     finalisation calls, in that order); where either is missing the rank exits the ordinary
-    way."""
+    way. Last, what the rank leaves running below it (a script's daemons, a worker pool) is
+    ended: SIGTERM, SIGKILL after launch.kill_grace_s."""
     shutdown_threads = getattr(threading, "_shutdown", None)
     run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
     if not (callable(shutdown_threads) and callable(run_exitfuncs)):
+        descendants.end(_grace_s[0])
         sys.exit(code)
     shutdown_threads()
     run_exitfuncs()
+    descendants.end(_grace_s[0])
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from toolkit import descendants
 from toolkit.config.shape import local_gpu_count, tasks_per_node
 from toolkit.distributed.env import free_port
 from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
@@ -168,6 +169,10 @@ class LocalExecutor:
         logs = run.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         lock_fd = rundir_lock.held_fd(run.run_dir)
+        # What the ranks leave behind (a killed rank's DataLoader workers, a script's daemons)
+        # comes here, not to init, and is ended with the job; what ran here before is kept.
+        descendants.become_subreaper()
+        before = descendants.below()
         server = (
             RankServer(rank_env(0, world, port, run.run_dir), logs / "rank_server.log")
             if use_fork(job.launch.rank_start, local_gpu_count())
@@ -183,6 +188,7 @@ class LocalExecutor:
         finally:
             if server is not None:
                 server.close()
+            descendants.end(job.launch.kill_grace_s, keep=before)
 
     def _follow(self, run: PreparedRun, procs: list[Rank], follow: bool, started: float) -> int:
         """Supervise the ranks to their end; say how the run ended."""

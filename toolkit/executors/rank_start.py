@@ -17,7 +17,6 @@ CPU ranks: `launch.rank_start=auto` forks only where this machine shows no GPU.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -29,10 +28,10 @@ import time
 from pathlib import Path
 from typing import Protocol
 
+from toolkit.descendants import become_subreaper
 from toolkit.errors import UserError
 
 MESSAGE_BYTES = 1 << 20  # a request (the rank's environment) or a report, as JSON
-PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
 
 
 class Rank(Protocol):
@@ -109,19 +108,14 @@ class ForkedRank:
         self.send_signal(signal.SIGKILL)
 
 
-def adopt_orphans() -> None:
-    """Make this process a child subreaper (Linux): a rank whose server was killed becomes
-    its child, to be reaped with its exit status."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1)
-
-
 class RankServer:
     """The launcher's side: starts the server (which imports torch while the launcher goes
     on), asks it for ranks, and hears their exit statuses."""
 
     def __init__(self, env: dict[str, str], log: Path):
-        adopt_orphans()
+        # A child subreaper: a rank whose server was killed becomes the launcher's child,
+        # to be reaped with its exit status.
+        become_subreaper()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log, "ab") as err:
             self.process = subprocess.Popen(

@@ -11,7 +11,9 @@ MASTER_ADDR, MASTER_PORT). It
   requeues the job under checkpoint.requeue / checkpoint.max_restarts when the script asked
   for it (toolkit.session.requeue) or was ended by the signal, but not when the signal is
   Slurm ending the step because a rank's script failed first (`note_failure`);
-- ends with the script's exit status; the script dies with its wrapper (PDEATHSIG).
+- ends with the script's exit status; the script dies with its wrapper (PDEATHSIG), and
+  what the script started (forked children, setsid daemons) with the script
+  (toolkit.descendants: this process is their child subreaper).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from toolkit import descendants
 from toolkit.config.job import JobConfig
 from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.errors import EXIT_PREEMPTED
@@ -189,6 +192,10 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
                 if hb is not None and progress.moved(seen[0], cpu_time_s(proc.pid)):
                     # Startup (hang_startup_timeout_s) until the script shows a sign of life.
                     hb.beat("step", progress.step)
+            # What the script started and left running (forked children, setsid daemons,
+            # adopted by this rank: a child subreaper) ends with it; they may hold its
+            # output pipes open too.
+            descendants.end(job.launch.kill_grace_s)
             for t in pumps:
                 t.join(timeout=5)
         finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.config.telemetry import TelemetryConfig
+from toolkit.descendants import spare
 from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.errors import EXIT_TELEMETRY_LOST
 from toolkit.events import Event, StepRecord
@@ -216,6 +217,7 @@ def start_agent(spec: AgentSpec, run_dir: Path, node: str) -> subprocess.Popen:
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    spare(proc.pid)  # it ends by itself once its rank is gone, after its last flush
     if proc.stdin is not None:  # always, with stdin=PIPE
         proc.stdin.write(spec.to_json().encode())
         proc.stdin.close()

@@ -1,0 +1,103 @@
+"""Nothing of a job outlives it (toolkit.descendants): what a script leaves running ends
+with its rank, and a launcher killed with SIGKILL takes its whole run with it, the run dir's
+lock included, even when the script ignores SIGTERM. The script lives in
+tests/fixtures/scripts/, as a user's would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.conftest import REPO, launch
+from toolkit import descendants
+from toolkit.executors import rundir_lock
+
+pytestmark = [pytest.mark.slow, pytest.mark.load_tolerant]
+
+LEAVES = str(REPO / "tests" / "fixtures" / "scripts" / "leaves_processes.py")
+
+
+def still_running(pids: list[int], within_s: float) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while (left := [p for p in pids if descendants.alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def test_a_scripts_forked_child_and_setsid_daemon_end_with_the_job(tmp_path):
+    """Both ignore SIGTERM; the daemon left the script's session, so a kill of the process
+    group would miss it. The rank adopted both (a child subreaper) and ended them."""
+    run, pids = tmp_path / "run", tmp_path / "pids"
+    r = launch(
+        f"script.path={LEAVES}",
+        f"script.args=[{pids}]",
+        "cluster.tasks_per_node=1",
+        "launch.kill_grace_s=0.5",
+        "telemetry=off",
+        f"hydra.run.dir={run}",
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    child, daemon, _script = map(int, pids.read_text().split())
+    assert still_running([child, daemon], within_s=0) == []
+
+
+def test_a_sigkilled_launcher_takes_the_whole_run_with_it(tmp_path):
+    """The script ignores SIGTERM and sleeps on, beside its child and daemon. Killing the
+    launcher with SIGKILL: within launch.kill_grace_s and a few seconds the rank server,
+    the rank's wrapper, the script, what it started and the node agent have ended, and the
+    run dir's lock is free for a relaunch."""
+    run, pids = tmp_path / "run", tmp_path / "pids"
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.launch", f"script.path={LEAVES}"]
+        + [f"script.args=[{pids},--stay]", "cluster.tasks_per_node=1", "launch.kill_grace_s=1"]
+        + [f"hydra.run.dir={run}"],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 90
+    while not pids.exists():
+        assert launcher.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    run_pids = [p.pid for p in psutil.Process(launcher.pid).children(recursive=True)]
+    names = " ".join(" ".join(psutil.Process(p).cmdline()) for p in run_pids)
+    assert "toolkit.rank_server" in names and "toolkit.telemetry.agent" in names, names
+    started = [int(p) for p in pids.read_text().split()]
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    assert still_running(sorted({*run_pids, *started}), within_s=15) == []
+    rundir_lock.acquire(run)  # a relaunch would not be refused
+    rundir_lock.release(run)
+
+
+def test_what_is_below_a_process_is_found_through_a_setsid_and_ended(tmp_path):
+    """toolkit.descendants alone: a subreaper of its own adopts the daemon that left its
+    session; `end` finds it by walking /proc and SIGKILLs it after the grace period."""
+    program = (
+        "import sys, time, runpy\n"
+        "from toolkit import descendants\n"
+        "descendants.become_subreaper()\n"
+        f"sys.argv = ['x', {str(tmp_path / 'pids')!r}]\n"
+        f"runpy.run_path({LEAVES!r})\n"
+        "found = descendants.below()\n"
+        "t0 = time.monotonic()\n"
+        "ended = descendants.end(0.3)\n"
+        "print(len(found), sorted(found) == ended, descendants.below(), time.monotonic() - t0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    found, same, left, took_s = done.stdout.split("\n")[-2].split(" ", 3)
+    assert (found, same, left) == ("2", "True", "[]")
+    assert 0.3 <= float(took_s) < 5
+    child, daemon, _ = map(int, (tmp_path / "pids").read_text().split())
+    assert still_running([child, daemon], within_s=0) == []
