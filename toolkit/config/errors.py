@@ -33,6 +33,26 @@ def not_one_of(section: str, cfg: object, choices: dict[str, tuple[str, ...]]) -
     ]
 
 
+SWITCH = ("auto", "on", "off")
+
+
+def switch(value: object) -> str | None:
+    """An auto | on | off setting as one of those three, or None when it is none of them.
+    YAML reads a bare on/off as a boolean and Hydra writes a boolean into a str field as
+    'True'/'False', so true and false mean on and off."""
+    text = str(value).lower()
+    return {"true": "on", "false": "off"}.get(text, text if text in SWITCH else None)
+
+
+def switch_problems(section: str, cfg: object, names: tuple[str, ...]) -> list[str]:
+    """One line per auto | on | off field of `cfg` that is none of them."""
+    return [
+        f"{section}.{name}={getattr(cfg, name)}: unknown; allowed: auto, on, off"
+        for name in names
+        if switch(getattr(cfg, name)) is None
+    ]
+
+
 def _is_control(ch: str) -> bool:
     # Cc: C0 (newline, tab, NUL, ...), DEL and C1; Zl/Zp: the Unicode line/paragraph separators.
     return unicodedata.category(ch) in ("Cc", "Zl", "Zp")

@@ -14,13 +14,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from toolkit.config.errors import below_minimum
+from toolkit.config.errors import below_minimum, switch, switch_problems
 from toolkit.config.targets import TargetConfig, target_problems
 
 # constant: warm-up, then the peak lr. linear / cosine: warm-up, then down to lr *
 # min_lr_ratio at the last step. wsd (warm-up, stable, decay): warm-up, the peak lr, then a
 # linear decay to lr * min_lr_ratio over the last decay_fraction of trainer.steps.
 SCHEDULES = ("constant", "linear", "cosine", "wsd")
+# optim.fused (both schemas), how the step's arithmetic runs (toolkit.train.optim.step_kernels):
+# auto: one fused kernel for all parameters on CUDA where the optimizer has one (fused=True), a few
+# multi-tensor kernels elsewhere (foreach=True, what CPU runs as before); on: fused wherever
+# torch has it (CUDA, and the CPU for AdamW, Adam, SGD); off: foreach everywhere.
 
 
 @dataclass
@@ -41,6 +45,7 @@ class OptimConfig:
     compile_step: str = "auto"  # auto | true | false
     schedule: str = "cosine"  # constant | linear | cosine | wsd (after the warm-up)
     decay_fraction: float = 0.2  # wsd: the last fraction of trainer.steps that decays
+    fused: str = "auto"  # auto | on | off (above SCHEDULES: what each means)
 
     # adamw: torch.optim.AdamW, fp32 states. adamw8bit / adamw_lowmem: low-bit optimizer
     # states (toolkit.train.optim says which library and why; docs/kernels.md).
@@ -61,6 +66,7 @@ class OptimTargetConfig(TargetConfig):
     # Two parameter groups: 1-D parameters (norms, biases) without weight decay, the rest
     # with the optimizer's weight_decay. false: one group, every parameter decayed alike.
     no_decay_1d: bool = True
+    fused: str = "auto"  # auto | on | off, as for OptimConfig (the fused/foreach keywords)
 
     @property
     def name(self) -> str:
@@ -73,10 +79,17 @@ def problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
     if isinstance(o, OptimTargetConfig):
         p = target_problems("optim", o) + _lr_problems(o.kwargs)
         p += below_minimum("optim", o, {"warmup_steps": 0})
+        p += switch_problems("optim", o, ("fused",))
         if not o.grad_clip >= 0:  # also NaN
             p.append(f"optim.grad_clip={o.grad_clip}: must be >= 0 (0 disables clipping)")
         return p + schedule_problems(o)
     p = below_minimum("optim", o, {"warmup_steps": 0})
+    p += switch_problems("optim", o, ("fused",))
+    if switch(o.fused) == "on" and o.name != "adamw":
+        p.append(
+            f"optim.fused=on: {o.name}'s step is torchao's (optim.compile_step compiles it); "
+            "use optim.fused=auto or off"
+        )
     if o.name not in OptimConfig.NAMES:
         p.append(f"optim.name={o.name}: unknown; allowed: {', '.join(OptimConfig.NAMES)}")
     if str(o.compile_step).lower() not in OptimConfig.COMPILE_STEP:

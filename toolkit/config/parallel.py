@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from toolkit.config.errors import switch, switch_problems
 from toolkit.config.model import ModelConfig, TransformerConfig, display_name, supports
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -35,6 +36,10 @@ class ParallelConfig:
     reshard_after_forward: bool = True
     activation_checkpointing: bool = False
     compile: bool = False
+    # CUDA graphs for the compiled blocks (torch.compile mode "reduce-overhead"): auto | on |
+    # off. on needs compile=true and a CUDA device; auto is off until measured with FSDP2 on
+    # a GPU (toolkit.distributed.step_overhead says why).
+    cuda_graphs: str = "auto"
     # Build parameters on the meta device and initialise after sharding (for models that do
     # not fit in host memory per rank). Initialisation then depends on the world size.
     meta_init: bool = False
@@ -151,7 +156,12 @@ def problems(
     shape = mesh_shape(par, world)
     if isinstance(shape, str):
         return [shape]
-    p = []
+    p = switch_problems("parallel", par, ("cuda_graphs",))
+    if switch(par.cuda_graphs) == "on" and not par.compile:
+        p.append(
+            "parallel.cuda_graphs=on needs parallel.compile=true: the CUDA graphs are "
+            "torch.compile's (reduce-overhead mode over each block)"
+        )
     if par.pp_schedule not in PP_SCHEDULES:
         p.append(
             f"parallel.pp_schedule={par.pp_schedule!r}: must be one of {', '.join(PP_SCHEDULES)}"

@@ -1,4 +1,5 @@
-"""Numeric precision, mapped onto FSDP2's MixedPrecisionPolicy."""
+"""Numeric precision, mapped onto FSDP2's MixedPrecisionPolicy, and TF32 for fp32 matmuls
+(toolkit.distributed.step_overhead)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ class PrecisionConfig:
     name: str = "fp32"
     param_dtype: str = "float32"  # dtype of all-gathered parameters used in compute
     reduce_dtype: str = "float32"  # dtype of gradient reduce-scatter
+    # fp32 matmuls and convolutions on TF32 tensor cores (Ampere and newer GPUs; a 10-bit
+    # mantissa, as torch.set_float32_matmul_precision("high")). No effect on a CPU.
+    tf32: bool = True
 
     DTYPES = ("float32", "bfloat16", "float16")
 

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 from toolkit.config.parallel import ParallelConfig
 from toolkit.config.precision import PrecisionConfig
 from toolkit.distributed.commtime import CommTimer
+from toolkit.distributed.step_overhead import compile_mode
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -46,8 +47,8 @@ def parallelize(
     for i, unit in enumerate(units):
         if parallel.activation_checkpointing:
             checkpoint_activations(unit)
-        if parallel.compile:
-            unit.compile()
+        if parallel.compile:  # CUDA graphs: reduce-overhead (toolkit.distributed.step_overhead)
+            unit.compile(mode=compile_mode(parallel, mesh.device_type))
         # The last unit's parameters are needed again at the start of backward: keep them.
         reshard = parallel.reshard_after_forward and i < len(units) - 1
         fully_shard(unit, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)

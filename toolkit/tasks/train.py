@@ -24,6 +24,7 @@ from toolkit.distributed.commtime import CommTimer
 from toolkit.distributed.env import DistEnv
 from toolkit.distributed.fsdp import local_param_bytes, parallelize
 from toolkit.distributed.mesh import build_mesh, data_parallel_mesh, record_layout
+from toolkit.distributed.step_overhead import apply_step_settings
 from toolkit.distributed.tensor_parallel import loss_context
 from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, USER_ERROR_EXITS, UserError
 from toolkit.events import Fanout, json_safe
@@ -127,6 +128,9 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
         raise ValueError(shape)
     spec = spec_for(job.model)
+    for line in apply_step_settings(job.precision, job.parallel, device):  # TF32, CUDA graphs
+        if env.is_rank0:
+            log.info(line)
     torch.manual_seed(job.seed)
     model = spec.build(spec_config(job.model))
     if isinstance(job.model, TransformerConfig):  # the built-ins' fused kernels

@@ -3,6 +3,7 @@ named by import path) and the learning-rate schedule (constant, linear, cosine, 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from typing import Any
@@ -11,9 +12,11 @@ import torch
 from hydra.utils import instantiate
 from torch import nn
 
+from toolkit.config.errors import switch
 from toolkit.config.optim import OptimConfig, OptimTargetConfig
 from toolkit.config.targets import TARGET
 from toolkit.train.lowbit import build_lowbit, state_bytes_per_param
+from toolkit.train.targets import locate
 
 __all__ = [
     "Schedule",
@@ -56,16 +59,51 @@ def build_optimizer(
         return build_lowbit(
             groups, cfg.name, lr=cfg.lr, betas=betas, eps=cfg.eps, compile_step=compile_step
         )
+    kernels = step_kernels(torch.optim.AdamW, cfg.fused, device_of(model))
     return torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True
+        groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, **kernels
     )
+
+
+def device_of(model: nn.Module) -> torch.device:
+    """Where the model's parameters live (the CPU for a model without any)."""
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def step_kernels(cls: type, fused: str, device: torch.device) -> dict[str, bool]:
+    """The keyword that picks how `cls`'s step runs on `device`, as optim.fused says, logged
+    with the reason (one line of the run's first lines): fused=True (one kernel for every
+    parameter) on CUDA for auto, wherever torch has one for on; foreach=True (a few
+    multi-tensor kernels) otherwise. {} for an optimizer that takes neither keyword."""
+    accepts = inspect.signature(cls.__init__).parameters
+    mode = switch(fused)
+    name = f"{cls.__name__} on {device.type}"
+    if "fused" in accepts and (mode == "on" or (mode == "auto" and device.type == "cuda")):
+        log.info("optimizer: %s, fused kernels (optim.fused=%s)", name, mode)
+        return {"fused": True}
+    if "foreach" not in accepts:
+        log.info("optimizer: %s, its own step (it has no fused or foreach kernels)", name)
+        return {}
+    why = {
+        "off": "optim.fused=off",
+        "on": f"optim.fused=on, but {cls.__name__} has no fused kernels",
+        "auto": "optim.fused=auto: fused kernels on CUDA only"
+        if "fused" in accepts
+        else f"optim.fused=auto: {cls.__name__} has no fused kernels",
+    }[mode or "auto"]
+    log.info("optimizer: %s, foreach kernels (%s)", name, why)
+    return {"foreach": True}
 
 
 def build_target_optimizer(model: nn.Module, cfg: OptimTargetConfig) -> torch.optim.Optimizer:
     """`cfg.target(param_groups, **cfg.kwargs)` by Hydra's instantiate (plain lists and
     dicts, not OmegaConf containers, reach the optimizer and so its saved param_groups)."""
     groups = param_groups(model, None) if cfg.no_decay_1d else [{"params": model.parameters()}]
-    node = {"_convert_": "all", **cfg.kwargs, TARGET: cfg.target, "_partial_": True}
+    kernels: dict[str, bool] = {}
+    found, _ = locate(cfg.target)  # the launcher checked that it imports
+    if inspect.isclass(found) and not {"fused", "foreach"} & set(cfg.kwargs):  # theirs win
+        kernels = step_kernels(found, cfg.fused, device_of(model))
+    node = {"_convert_": "all", **cfg.kwargs, **kernels, TARGET: cfg.target, "_partial_": True}
     optimizer = instantiate(node)(groups)
     if not isinstance(optimizer, torch.optim.Optimizer):  # the launcher checked the class
         raise TypeError(f"optim._target_={cfg.target}: built a {type(optimizer).__name__}")
