@@ -38,6 +38,9 @@ class DataConfig:
     synthetic_format: str = "hdf5"  # hdf5 | parquet | npy (path: null)
     synthetic_times: int = 20_000
     synthetic_instruments: int = 16
+    # --- where samples are cut (returns; docs/data.md, "Device-resident data") --------------
+    placement: str = "auto"  # auto | device | host: windows cut on the training device or not
+    device_budget_mib: int | None = None  # None: half the device's free memory (CPU: a share)
 
     KINDS = ("text", "synthetic", "returns")
     SAMPLES = ("cross_section", "per_instrument")
@@ -64,10 +67,26 @@ class DatasetConfig(TargetConfig):
     drop_last: bool = False  # map-style: drop an epoch's last partial global batch
     val: Any = None  # a validation Dataset node ({_target_: ..., kwargs}), or None
     val_fraction: float = 0.0  # map-style, no `val`: the last fraction of items validates
+    placement: str = "auto"  # auto | device | host; device needs tensors() (docs/data.md)
+    device_budget_mib: int | None = None  # None: half the device's free memory (CPU: a share)
+
+
+PLACEMENTS = ("auto", "device", "host")
+
+
+def placement_problems(d: DataConfig | DatasetConfig) -> list[str]:
+    """data.placement and data.device_budget_mib (docs/data.md, "Device-resident data")."""
+    p = not_one_of("data", d, {"placement": PLACEMENTS})
+    if d.device_budget_mib is not None and d.device_budget_mib < 1:
+        p.append(
+            f"data.device_budget_mib={d.device_budget_mib}: must be >= 1 (MiB), or null for "
+            "half the device's free memory"
+        )
+    return p
 
 
 def dataset_problems(d: DatasetConfig, model: ModelConfig) -> list[str]:
-    p = target_problems("data", d)
+    p = target_problems("data", d) + placement_problems(d)
     p += below_minimum("data", d, {"seq_len": 1, "num_workers": 0, "prefetch": 1})
     if d.collate_fn is not None and not IMPORT_PATH.fullmatch(d.collate_fn):
         p.append(f"data.collate_fn={d.collate_fn!r}: not an import path; use module.attribute")
@@ -116,7 +135,7 @@ def problems(d: DataConfig | DatasetConfig, model: ModelConfig) -> list[str]:
     if not 0.0 < d.val_fraction < 0.5:
         p.append(f"data.val_fraction={d.val_fraction}: must be in (0, 0.5)")
     if d.kind == "returns":
-        p += returns_problems(d, model)
+        p += returns_problems(d, model) + placement_problems(d)
     return p
 
 

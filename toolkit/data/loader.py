@@ -302,21 +302,21 @@ class DatasetLoader(StepLoader):
                 windows.norm = norm
 
 
-def build_loaders(
+def market_windows(
     cfg: DataConfig,
     plan: SamplePlan,
     num_series: int,
     num_targets: int,
-    pin_memory: bool,
     run_dir: Path | None = None,
-) -> tuple[DatasetLoader, DatasetLoader]:
-    """Training and validation loaders; normalisation from the training period only,
-    written to run_dir/data_normalisation.json when given."""
+) -> tuple[Windows, Windows]:
+    """The training and validation splits' Windows (whatever loader cuts them: DatasetLoader
+    below, or toolkit.data.device); normalisation from the training period only, written to
+    run_dir/data_normalisation.json when given."""
     opened: Opened = open_dataset(cfg, num_series, num_targets)
     norm = fit_normalisation(opened.reader, opened.periods["train"])
     if run_dir is not None:
         (run_dir / "data_normalisation.json").write_text(json.dumps(norm.as_dict(), indent=1))
-    loaders = []
+    out = []
     for split in ("train", "val"):
         period = opened.periods[split]
         by_time = split == "val" and cfg.sample == "per_instrument"
@@ -330,16 +330,35 @@ def build_loaders(
             opened.reader.manifest.chunk_len,
             cfg.shuffle_chunks,
         )
-        windows = Windows(opened.reader, opened.spec, period, opened.features, norm, order, by_time)
-        if split == "train":
-            loaders.append(
-                DatasetLoader(windows, plan, cfg.num_workers, max(cfg.prefetch, 1), pin_memory)
-            )
-        else:
-            val_plan = dataclasses.replace(plan, grad_accum=1)
-            loaders.append(DatasetLoader(windows, val_plan, 0, 1, False))
-    loaders[0].also_normalises.append(loaders[1].windows)
-    return loaders[0], loaders[1]
+        out.append(
+            Windows(opened.reader, opened.spec, period, opened.features, norm, order, by_time)
+        )
+    return out[0], out[1]
+
+
+def host_loaders(
+    cfg: DataConfig, plan: SamplePlan, train: Windows, val: Windows, pin_memory: bool
+) -> tuple[DatasetLoader, DatasetLoader]:
+    """The splits' loaders on the host: DataLoader workers cut the training steps; the
+    validation batches are cut in the training process."""
+    loader = DatasetLoader(train, plan, cfg.num_workers, max(cfg.prefetch, 1), pin_memory)
+    val_loader = DatasetLoader(val, dataclasses.replace(plan, grad_accum=1), 0, 1, False)
+    loader.also_normalises.append(val)
+    return loader, val_loader
+
+
+def build_loaders(
+    cfg: DataConfig,
+    plan: SamplePlan,
+    num_series: int,
+    num_targets: int,
+    pin_memory: bool,
+    run_dir: Path | None = None,
+) -> tuple[DatasetLoader, DatasetLoader]:
+    """Training and validation loaders on the host (toolkit.data.device puts them on the
+    training device)."""
+    train, val = market_windows(cfg, plan, num_series, num_targets, run_dir)
+    return host_loaders(cfg, plan, train, val, pin_memory)
 
 
 __all__ = [
@@ -350,4 +369,6 @@ __all__ = [
     "SamplePlan",
     "Windows",
     "build_loaders",
+    "host_loaders",
+    "market_windows",
 ]

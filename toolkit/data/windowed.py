@@ -4,7 +4,8 @@ X [sample, step, feature] (or [sample, feature]) inputs and y [sample] or [sampl
 labels, from an .npz holding both (`path`) or two .npy files (`x`, `y`; memory-mapped, so a
 file larger than memory trains). Never unpickled (allow_pickle=False). Item i is the pair
 (X[i], y[i]) as float32 tensors, y always 1-D per sample ([num_targets]), which is what the
-built-in time-series model trains on.
+built-in time-series model trains on. `tensors()` gives the same rows as whole arrays, so the
+samples can live on the training device (toolkit.data.device; docs/data.md).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ class WindowedSamples(Dataset):
 
     def __len__(self) -> int:
         return len(self.x)
+
+    def tensors(self) -> tuple[np.ndarray, np.ndarray]:
+        """X and y whole, float32, y [sample, target]: item i is row i of each."""
+        x = np.asarray(self.x, dtype=np.float32)
+        return x, np.asarray(self.y, dtype=np.float32).reshape(len(self.y), -1)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.from_numpy(np.array(self.x[i], dtype=np.float32))
