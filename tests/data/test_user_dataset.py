@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.data import default_collate
 
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.shape import BatchShape
 from toolkit.config.validate import problems
-from toolkit.data.user import build_loaders
-from toolkit.errors import UserError
+from toolkit.data.user import build_loaders, collated
+from toolkit.errors import EXIT_CHECKPOINT_UNUSABLE, UserError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 
@@ -141,6 +142,34 @@ def test_an_iterable_stream_with_workers_keeps_its_state_across_a_restart():
     again.load_state_dict(state)
     assert torch.equal(next(again)[1][0][0], want)
     again.close()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_wrong_shaped_item_is_named_by_its_index_in_one_line(workers):
+    """Item 10 is one time step short: the step holding it fails naming item 10 and both
+    shapes, also when a DataLoader worker collated it (no worker traceback in the line)."""
+    flawed = [o.replace("NoisySeries", "FlawedSeries") for o in NOISY]
+    shape = [o.replace("num_workers=0", f"num_workers={workers}") for o in SHAPE]
+    data = job(*flawed, *shape, "+data.shuffle=false", "+data.short_items=[10]").data
+    loader, _ = build_loaders(data, plan(1, 0), False)
+    try:
+        assert next(loader)[0] == 0  # items 0..7
+        with pytest.raises(UserError) as caught:
+            next(loader)  # items 8..15
+    finally:
+        loader.close()
+    line = str(caught.value)
+    assert "\n" not in line and "Traceback" not in line
+    assert line.startswith("data._target_: item 10 has shape ([7, 3], [2]), unlike item 8's ")
+    assert "([8, 3], [2]), so default_collate cannot batch them" in line
+    assert caught.value.exit_code == EXIT_CHECKPOINT_UNUSABLE  # 65: the data is bad
+
+
+def test_a_wrong_shaped_sample_of_a_stream_is_named_by_its_position():
+    good, short = (torch.zeros(8, 3), torch.zeros(2)), (torch.zeros(7, 3), torch.zeros(2))
+    names = [f"sample {8 + k} of the stream" for k in range(6)]
+    with pytest.raises(UserError, match=r"^data._target_: sample 13 of the stream has shape"):
+        collated(default_collate, [good] * 5 + [short], names)
 
 
 def test_the_launcher_refuses_a_dataset_or_collate_that_does_not_import_in_one_line():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.checkpoint.conftest import events, losses
+from toolkit.errors import EXIT_NONFINITE
 
 pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
 
@@ -109,3 +110,21 @@ def test_an_iterable_dataset_resumes_from_its_saved_stream_state_bitwise(tmp_pat
     reference, resumed = losses(tmp_path / "stream"), losses(tmp_path / "resumed")
     assert sorted(resumed) == [3, 4]
     assert resumed == {s: reference[s] for s in resumed}  # the stream continued where it was
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_after_non_finite_inputs_names_the_data(tmp_path):
+    """Item 20 holds an inf: step 2 (items 16..31, unshuffled) goes non-finite, and the one
+    line names the data (rank, count, where in the batch), not the learning rate."""
+    done = launch(
+        tmp_path,
+        "data._target_=userpkg.datasets.FlawedSeries",
+        "+data.nonfinite_items=[20]",
+        "+data.shuffle=false",
+        "trainer.steps=3",
+    )
+    assert done.returncode == EXIT_NONFINITE, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "non-finite loss" in line and "at step 2" in line
+    assert "the batch of rank 0 holds 1 NaN/inf value(s), the first in micro-batch 0 at [0]" in line
+    assert "the data is the cause, not the learning rate" in line and "lower optim.lr" not in line

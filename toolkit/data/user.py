@@ -23,7 +23,9 @@ state_dict/load_state_dict is replayed by skipping the samples already seen
 from __future__ import annotations
 
 import atexit
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -69,6 +71,61 @@ def collate_of(path: str | None) -> Collate:
     return fn
 
 
+@dataclass(frozen=True)
+class CollateFailure:
+    """A micro-batch that could not be collated, in place of the step's batches: the one
+    line crosses from a DataLoader worker as data (an exception raised there would reach
+    the rank as torch's wrapper, the worker's traceback inside its message)."""
+
+    message: str
+
+
+def collated(collate: Collate, items: list[Any], names: list[str]) -> Any:
+    """collate(items); when it fails, a UserError naming the item that differs from the
+    others (names[k]: "item 17" of a Dataset, "sample 40" of a stream) and both shapes."""
+    try:
+        return collate(items)
+    except Exception as exc:  # noqa: BLE001 - the user's items or collate: one line
+        raise UserError(collate_failure(collate, items, names, exc)) from None
+
+
+def collate_failure(collate: Collate, items: list[Any], names: list[str], exc: Exception) -> str:
+    shapes = [shape_of(item) for item in items]
+    common, _ = Counter(shapes).most_common(1)[0]
+    odd = next((k for k, shape in enumerate(shapes) if shape != common), None)
+    name = getattr(collate, "__qualname__", type(collate).__name__)
+    cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if odd is None:
+        return (
+            f"data: {name} cannot batch {names[0]}..{names[-1]}, all shaped {common} "
+            f"({type(exc).__name__}: {cause}); check data.collate_fn"
+        )
+    like = shapes.index(common)
+    return (
+        f"data._target_: {names[odd]} has shape {shapes[odd]}, unlike {names[like]}'s "
+        f"{common}, so {name} cannot batch them ({cause}); make every item the same shape, "
+        "or name a data.collate_fn that pads"
+    )
+
+
+def shape_of(item: Any) -> str:
+    """An item's structure with each array's shape: ([16, 48], [16]), {'x': [16, 48]}."""
+    if isinstance(item, torch.Tensor | np.ndarray):
+        return str(list(item.shape))
+    if isinstance(item, dict):
+        return "{" + ", ".join(f"{k!r}: {shape_of(v)}" for k, v in item.items()) + "}"
+    if isinstance(item, list | tuple):
+        return "(" + ", ".join(shape_of(v) for v in item) + ")"
+    return type(item).__name__
+
+
+def raise_failure(batches: list[Any]) -> list[Any]:
+    """A step's batches, or the UserError a worker's CollateFailure stands for."""
+    if batches and isinstance(batches[0], CollateFailure):
+        raise UserError(batches[0].message)
+    return batches
+
+
 class ItemOrder(SampleOrder):
     """SampleOrder over a Dataset's items: one global shuffle per epoch (or the items in
     order), and with drop_last only the first `keep` of each epoch."""
@@ -102,9 +159,12 @@ class ItemSteps(Dataset):
         out = []
         for m in range(p.grad_accum):
             lo = (m * p.world_size + p.rank) * p.micro_batch_size
-            out.append(
-                self.collate([self.dataset[int(i)] for i in ids[lo : lo + p.micro_batch_size]])
-            )
+            picked = [int(i) for i in ids[lo : lo + p.micro_batch_size]]
+            try:
+                items = [self.dataset[i] for i in picked]
+                out.append(collated(self.collate, items, [f"item {i}" for i in picked]))
+            except UserError as exc:
+                return [CollateFailure(str(exc))]
         return out
 
 
@@ -128,6 +188,13 @@ class MapLoader(StepLoader):
 
     def steps(self) -> ItemSteps:
         return ItemSteps(self.dataset, self.order, self.plan, self.collate)
+
+    def __next__(self) -> tuple[int, list[Any]]:
+        step, batches = super().__next__()
+        return step, raise_failure(batches)
+
+    def batch(self, step: int) -> list[Any]:
+        return raise_failure(super().batch(step))
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "num_items": self.order.num_anchors}
@@ -232,7 +299,9 @@ class StreamLoader:
         out = []
         for m in range(p.grad_accum):
             lo = (m * p.world_size + p.rank) * p.micro_batch_size
-            batch = self.collate(samples[lo : lo + p.micro_batch_size])
+            first = self.next_step * p.global_batch_size + lo  # the stream's sample number
+            names = [f"sample {first + k} of the stream" for k in range(p.micro_batch_size)]
+            batch = collated(self.collate, samples[lo : lo + p.micro_batch_size], names)
             out.append(_pinned(batch) if self.pin_memory else batch)
         step = self.next_step
         self.next_step += 1
@@ -267,13 +336,14 @@ def map_loader(
 
 
 def build_loaders(
-    cfg: DatasetConfig, plan: SamplePlan, pin_memory: bool
+    cfg: DatasetConfig, plan: SamplePlan, pin_memory: bool, dataset: Any = None
 ) -> tuple[MapLoader | StreamLoader, MapLoader | None]:
     """Training and validation loaders of your own Dataset (validation: `data.val`, or the
-    last `data.val_fraction` of a map-style Dataset's items; else none)."""
+    last `data.val_fraction` of a map-style Dataset's items; else none). `dataset`: the
+    Dataset already built (toolkit.data.device), else built here."""
     import dataclasses
 
-    dataset = build(cfg.target, cfg.kwargs)
+    dataset = build(cfg.target, cfg.kwargs) if dataset is None else dataset
     val_plan = dataclasses.replace(plan, grad_accum=1)
     val = None
     if cfg.val is not None:

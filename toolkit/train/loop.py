@@ -275,7 +275,7 @@ class Trainer:
                 self.records.append(record)
                 self.sink.write_step(record)
                 if self.nonfinite:
-                    stop = self.nonfinite_guard.after_step(self, loss, grad_norm)
+                    stop = self.nonfinite_guard.after_step(self, loss, grad_norm, micro_batches)
                     if stop is not None:  # no hook sees this step: nothing is saved from it
                         stopped_by_hook = True
                         break

@@ -24,11 +24,13 @@ import time
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 
 from toolkit.config.trainer import TrainerConfig
 from toolkit.errors import EXIT_NONFINITE
 from toolkit.events import Event, Sink
 from toolkit.hooks import Hook, Stop, TrainerView
+from toolkit.train.models.spec import Batch
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +58,29 @@ class NonfiniteGuard:
         self.cfg = cfg
         self.num_rollbacks = 0
 
-    def after_step(self, trainer: GuardedTrainer, loss: float, grad_norm: float) -> Stop | None:
+    def after_step(
+        self,
+        trainer: GuardedTrainer,
+        loss: float,
+        grad_norm: float,
+        batches: list[Batch] | None = None,
+    ) -> Stop | None:
         """The step just counted (trainer.step) was non-finite and not applied: None to go
-        on, else the Stop that ends the run there."""
+        on, else the Stop that ends the run there. `batches`, the step's micro-batches, are
+        searched for NaN/inf only here, on this rare path: when they hold any, the data is
+        named as the cause instead of the learning rate."""
         bad_step = trainer.step
         what = f"non-finite loss ({loss:.4g}) or grad norm ({grad_norm:.4g}) at step {bad_step}"
+        cause = data_cause(trainer, batches)
+        if cause:
+            what += f"; {cause}: the data is the cause, not the learning rate"
         action = self.cfg.on_nonfinite
         if action == "skip":
             log.warning("%s: step skipped, weights unchanged (trainer.on_nonfinite=skip)", what)
             return None
         if action != "rollback":
-            return stop(what, "lower optim.lr or optim.grad_clip, or set trainer.on_nonfinite=skip")
+            advice = DATA_ADVICE if cause else "lower optim.lr or optim.grad_clip"
+            return stop(what, f"{advice}, or set trainer.on_nonfinite=skip")
         if self.num_rollbacks >= self.cfg.max_rollbacks:
             return stop(
                 f"{what}, after {self.num_rollbacks} "
@@ -106,6 +120,61 @@ class NonfiniteGuard:
         }
         trainer.sink.write_event(Event("rollback", t0, time.time(), bad_step, trainer.rank, attrs))
         return None
+
+
+DATA_ADVICE = (
+    "fix the data (`python -m toolkit.data inspect DATASET` counts NaN/inf values; a "
+    "Dataset of yours: check its items)"
+)
+
+
+def data_cause(trainer: GuardedTrainer, batches: list[Batch] | None) -> str:
+    """Which ranks' batches of this step hold NaN/inf, and where in the first such rank's
+    ("" when none do). Every rank says the same: one all-reduce of three numbers per rank
+    (count, micro-batch, tensor), on this rare path only; the tensor's place is named from
+    this rank's batch, which has the same structure on every rank."""
+    found = torch.zeros(trainer.world_size, 3, dtype=torch.float64, device=trainer.device)
+    if batches is not None:
+        found[trainer.rank] = torch.tensor(nonfinite_in(batches), dtype=torch.float64)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(found, op=dist.ReduceOp.SUM)
+    rows = found.tolist()
+    ranks = [r for r, row in enumerate(rows) if row[0] > 0]
+    if not ranks or batches is None:
+        return ""
+    count, micro, leaf = (int(x) for x in rows[ranks[0]])
+    where = [w for w, _ in _tensors(batches[micro], "")][leaf]
+    also = f" (ranks with NaN/inf in their batch: {', '.join(map(str, ranks))})"
+    return (
+        f"the batch of rank {ranks[0]} holds {count} NaN/inf value(s), the first in "
+        f"micro-batch {micro}{' at ' + where if where else ''}{also if len(ranks) > 1 else ''}"
+    )
+
+
+def nonfinite_in(batches: list[Batch]) -> tuple[int, int, int]:
+    """(NaN/inf values, micro-batch of the first, its tensor's place in the micro-batch) over
+    every floating-point tensor (inputs and targets, whatever the collate built)."""
+    total, first = 0, (0, 0)
+    for m, batch in enumerate(batches):
+        for j, (_, tensor) in enumerate(_tensors(batch, "")):
+            if not (tensor.is_floating_point() or tensor.is_complex()):
+                continue
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad and not total:
+                first = (m, j)
+            total += bad
+    return total, *first
+
+
+def _tensors(batch: Batch, where: str):
+    if isinstance(batch, torch.Tensor):
+        yield where, batch
+    elif isinstance(batch, dict):
+        for key, value in batch.items():
+            yield from _tensors(value, f"{where}[{key!r}]")
+    elif isinstance(batch, list | tuple):
+        for i, value in enumerate(batch):
+            yield from _tensors(value, f"{where}[{i}]")
 
 
 def skip_to(trainer: GuardedTrainer, step: int) -> None:
