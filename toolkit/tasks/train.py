@@ -63,27 +63,36 @@ def build_loaders(
     line (the launcher has usually caught it already). data._target_: your own Dataset
     (toolkit.data.user). data=text|synthetic: token windows (toolkit.data.tokens). All three
     implement toolkit.data.loader.Loader."""
+    # Where samples are cut (data.placement): on the device when the data fits its budget,
+    # else streamed or on the host (toolkit.data.device); rank 0's log says which and why.
     if isinstance(job.data, DatasetConfig):
-        from toolkit.data.user import build_loaders as build_user_loaders
+        from toolkit.data.device import dataset_loaders
 
         pin = job.data.pin_memory and device.type == "cuda"
-        return (*build_user_loaders(job.data, plan, pin), None)
+        train, val, placement = dataset_loaders(job.data, plan, device, pin, env.local_world_size)
+        if env.is_rank0:
+            log.info(placement.line)
+        return train, val, None
     if job.data.kind == "returns":
+        from toolkit.data.device import market_loaders
         from toolkit.data.loader import SamplePlan
-        from toolkit.data.loader import build_loaders as build_dataset_loaders
         from toolkit.data.manifest import DataError
         from toolkit.train.metrics import rank_ic
 
         try:
-            train, val = build_dataset_loaders(
+            train, val, placement = market_loaders(
                 job.data,
                 SamplePlan(**dataclasses.asdict(plan)),
                 *series_shape(job.model),
+                device,
                 pin_memory=job.data.pin_memory and device.type == "cuda",
                 run_dir=run_dir if env.is_rank0 else None,
+                ranks_per_host=env.local_world_size,
             )
         except DataError as exc:
             raise UserError(str(exc), EXIT_CHECKPOINT_UNUSABLE) from exc
+        if env.is_rank0:
+            log.info(placement.line)
         if job.data.sample == "per_instrument":  # one row per instrument: group by time step
             return train, val, functools.partial(rank_ic, group=val.windows.num_instruments)
         return train, val, rank_ic
