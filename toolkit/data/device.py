@@ -57,7 +57,9 @@ class Placement:
 
 
 def mib(num_bytes: float) -> str:
-    return f"{num_bytes / MiB:,.0f} MiB" if num_bytes >= MiB else f"{num_bytes / MiB:.2f} MiB"
+    """38 MiB, 1,024 MiB; 1.17 MiB and 0.10 MiB below 10 (unless whole)."""
+    value = num_bytes / MiB
+    return f"{value:,.0f} MiB" if value >= 10 or value == int(value) else f"{value:.2f} MiB"
 
 
 def host_available_bytes() -> int:
@@ -118,8 +120,9 @@ def place(
     chunks = math.ceil(epoch_steps / steps)
     return Placement(
         "streamed",
-        f"data: streamed in {chunks} chunks of {steps} steps per epoch (at most "
-        f"{mib(min(table_bytes, steps * step_bytes))} each; {mib(table_bytes)} do not fit {budget})",
+        f"data: streamed in {chunks} chunks of {steps} steps per epoch, at most "
+        f"{mib(min(table_bytes, steps * step_bytes))} each ({mib(table_bytes)} of tables "
+        f"over {budget})",
         steps,
     )
 
@@ -187,10 +190,10 @@ class DeviceLoader:
             self._chunk = self._stream.get(k)
         chunk = self._chunk
         out = []
-        k = self.source.rows_per_id  # validation by whole cross-sections: an id is n rows
+        per = self.source.rows_per_id  # validation by whole cross-sections: an id is n rows
         for m in range(p.grad_accum):
             lo = j * p.global_batch_size + (m * p.world_size + p.rank) * p.micro_batch_size
-            lo, hi = lo * k, (lo + p.micro_batch_size) * k
+            lo, hi = lo * per, (lo + p.micro_batch_size) * per
             subs = chunk.subs[lo:hi] if chunk.subs is not None else None
             out.append(self.source.cut(chunk.tables, chunk.rows[lo:hi], subs))
         step = self.next_step

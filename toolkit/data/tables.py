@@ -180,6 +180,7 @@ class TensorTables:
     torch's default_collate makes of the items (a list for tuple items, a dict for dicts)."""
 
     window_rows = 1
+    rows_per_id = 1
 
     def __init__(self, arrays: Any, order: SampleOrder, first: int = 0, shared: dict | None = None):
         self.names = list(arrays) if isinstance(arrays, dict) else None

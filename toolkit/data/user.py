@@ -336,13 +336,14 @@ def map_loader(
 
 
 def build_loaders(
-    cfg: DatasetConfig, plan: SamplePlan, pin_memory: bool
+    cfg: DatasetConfig, plan: SamplePlan, pin_memory: bool, dataset: Any = None
 ) -> tuple[MapLoader | StreamLoader, MapLoader | None]:
     """Training and validation loaders of your own Dataset (validation: `data.val`, or the
-    last `data.val_fraction` of a map-style Dataset's items; else none)."""
+    last `data.val_fraction` of a map-style Dataset's items; else none). `dataset`: the
+    Dataset already built (toolkit.data.device), else built here."""
     import dataclasses
 
-    dataset = build(cfg.target, cfg.kwargs)
+    dataset = build(cfg.target, cfg.kwargs) if dataset is None else dataset
     val_plan = dataclasses.replace(plan, grad_accum=1)
     val = None
     if cfg.val is not None:
