@@ -15,7 +15,7 @@ from hydra import compose
 from hydra.core.utils import setup_globals
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from toolkit.config import sources
 from toolkit.config.errors import ConfigError, control_problem
@@ -42,9 +42,11 @@ def dict_field_prefixes() -> tuple[str, ...]:
     """`group.field.` for every dict-typed schema field (e.g. `nccl.env.`): new keys may be
     added there without Hydra's `+`."""
     prefixes = []
-    for group, schema in GROUPS.items():
+    schemas = [(g, s) for g, s in GROUPS.items()]
+    schemas += [(g, s) for g, kinds in GROUP_KINDS.items() for s in kinds.values()]
+    for group, schema in schemas:
         for name, hint in typing.get_type_hints(schema).items():
-            if typing.get_origin(hint) is dict:
+            if typing.get_origin(hint) is dict and f"{group}.{name}." not in prefixes:
                 prefixes.append(f"{group}.{name}.")
     return tuple(prefixes)
 
@@ -99,6 +101,13 @@ def target_overrides(overrides: list[str]) -> list[str]:
             out.insert(0, f"{group}={TARGET_OPTIONS[group]}")
         elif kind is not None and kind not in GROUP_KINDS.get(group, {kind: None}):
             out.insert(0, f"{group}={PLUGIN_OPTION}")
+        elif (
+            kind is not None
+            and GROUP_KINDS.get(group, {}).get(kind, GROUPS[group]) is not (GROUPS[group])
+        ):
+            # A built-in kind with a schema of its own (model.kind=hf_causal_lm): its
+            # schema's defaults, not the default option's fields (a GPT's num_layers, ...).
+            out.insert(0, f"{group}={kind}_schema")
         else:
             continue
         keys.insert(0, group)
@@ -188,7 +197,18 @@ def group_config(group: str, node: Any) -> Any:
     if kinds and kind and kind not in kinds and group in OTHER_KINDS:
         return OTHER_KINDS[group](node)
     schema = kinds.get(kind, GROUPS[group]) if kinds else GROUPS[group]
-    merged = OmegaConf.merge(OmegaConf.create({group: OmegaConf.structured(schema)}), {group: node})
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.create({group: OmegaConf.structured(schema)}), {group: node}
+        )
+    except (ConfigKeyError, ConfigAttributeError) as exc:
+        # The valid keys are this kind's schema's, not the group's default one's.
+        key = str(getattr(exc, "full_key", "") or "")
+        fields = ", ".join(f.name for f in dataclasses.fields(schema))
+        raise ConfigError(
+            f"{key}: unknown key '{key.rsplit('.', 1)[-1]}' in {group} of kind {kind}; "
+            f"valid keys: {fields}"
+        ) from None
     return OmegaConf.to_object(merged[group])
 
 

@@ -117,7 +117,9 @@ class HFModelConfig:
     config: dict[str, Any] = field(default_factory=dict)
     max_seq_len: int = 2048  # the longest data.seq_len allowed (positions the model has)
 
-    SUPPORTS = Supports(reads="tokens")
+    # Tensor parallelism by transformers' published plan (base_model_tp_plan), where the
+    # config class has one: checked by the launcher (toolkit.train.models.hf.tp_problems).
+    SUPPORTS = Supports(tensor_parallel=True, reads="tokens")
 
 
 @dataclass

@@ -83,6 +83,40 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:
     return model
 
 
+# The styles of a published plan (transformers' `base_model_tp_plan`: module pattern ->
+# style name) that torch's public ParallelStyle classes express. Others (packed, local,
+# grouped-GEMM styles of some MoE models) are refused by name.
+PUBLISHED_STYLES: dict[str, Callable[[], object]] = {
+    "colwise": ColwiseParallel,  # weight rows split; output sharded on the last dim, local
+    "rowwise": RowwiseParallel,  # weight columns split; its output all-reduced (replicated)
+}
+
+
+def published_plan_problems(plan: dict[str, str] | None) -> list[str]:
+    """What keeps a published plan from being applied with torch's ParallelStyles: no plan,
+    or a style this toolkit cannot express (one line each)."""
+    if not plan:
+        return ["publishes no tensor-parallel plan (base_model_tp_plan)"]
+    return [
+        f"its plan's style {style!r} for {pattern} has no torch ParallelStyle here "
+        f"(supported: {', '.join(PUBLISHED_STYLES)})"
+        for pattern, style in plan.items()
+        if style not in PUBLISHED_STYLES
+    ]
+
+
+def apply_published_plan(module: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, str]) -> None:
+    """Shard `module` in place by a published plan whose keys are module paths relative to
+    it (`layers.*.self_attn.q_proj`, `*` for any one name) and whose values name a style:
+    Megatron's pairs, a column-wise projection whose local output feeds a row-wise one
+    whose output is all-reduced, so every module between keeps working on plain local
+    tensors (the attention sees its rank's heads). The rest of the model (embeddings,
+    norms, head) stays replicated on every tp rank."""
+    parallelize_module(
+        module, tp_mesh, {pattern: PUBLISHED_STYLES[style]() for pattern, style in plan.items()}
+    )
+
+
 def loss_context(tp: int) -> Callable[[], AbstractContextManager]:
     """The context the loss's forward and backward run in: loss_parallel() under tensor
     parallelism (cross-entropy over vocabulary-sharded logits), else nothing."""

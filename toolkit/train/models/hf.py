@@ -11,11 +11,14 @@ shifted by the loader. `transformers` is an optional extra (`pip install -e .[hf
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from toolkit.config.model import HFModelConfig
+from toolkit.distributed.tensor_parallel import apply_published_plan, published_plan_problems
 from toolkit.errors import UserError
 from toolkit.train.models.spec import Batch, ModelSpec, reset_all
 
@@ -41,6 +44,26 @@ def build(cfg: HFModelConfig) -> nn.Module:
     return AutoModelForCausalLM.from_config(transformers_config(cfg))
 
 
+def save_pretrained(cfg: HFModelConfig, tensors: dict[str, torch.Tensor], out: Path) -> Path:
+    """Write `tensors` (a checkpoint's consolidated model, keyed as the model names its
+    parameters: model.layers.0...., lm_head.weight) as a directory transformers'
+    `from_pretrained` loads: config.json (the config class's own JSON, model_type and
+    architectures included) and model.safetensors (with the "pt" format metadata
+    transformers checks). `out` must not exist, or be an empty directory."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out}: exists and is not an empty directory; give a new directory")
+    config = transformers_config(cfg)
+    with torch.device("meta"):  # the class's name for config.json's architectures
+        config.architectures = [type(AutoModelForCausalLM.from_config(config)).__name__]
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(str(out))
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
 def loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     """Mean cross-entropy of the logits against the loader's (already shifted) targets."""
     inputs, targets = batch
@@ -61,6 +84,46 @@ def init(model: nn.Module) -> None:
     with torch.no_grad():
         for module in model.modules():
             per_module(module)
+
+
+def tp_plan(config) -> dict[str, str] | None:  # config: transformers.PretrainedConfig
+    """The tensor-parallel plan transformers publishes for the base model (the config
+    class's `base_model_tp_plan`: module pattern -> "colwise" | "rowwise" | ...)."""
+    plan = getattr(config, "base_model_tp_plan", None)
+    return dict(plan) if plan else None
+
+
+def tp_problems(cfg: HFModelConfig, tp: int) -> list[str]:
+    """Why this model cannot run with parallel.tp=tp (one line each; the launcher's check):
+    no published plan, a style torch's ParallelStyles do not express, or widths the
+    tensor-parallel ranks cannot split evenly (whole heads, whole MLP columns)."""
+    config = transformers_config(cfg)
+    name = f"parallel.tp={tp}: model.config.model_type={config.model_type}"
+    p = [f"{name} {line}" for line in published_plan_problems(tp_plan(config))]
+    widths = {
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None),
+        "intermediate_size": getattr(config, "intermediate_size", None),
+    }
+    p += [
+        f"parallel.tp={tp} does not divide model.config.{key}={value}: each "
+        "tensor-parallel rank needs an equal share"
+        for key, value in widths.items()
+        if value is not None and value % tp
+    ]
+    return p
+
+
+def tensor_parallel(model: nn.Module, tp_mesh) -> nn.Module:  # tp_mesh: DeviceMesh
+    """Shard the decoder by transformers' own published plan over the "tp" mesh dim (the
+    launcher checked it with tp_problems): q/k/v and the MLP's gate/up column-wise, the
+    attention's output and the MLP's down projection row-wise, on the base model
+    (`model.model`, the plan's keys being relative to it)."""
+    plan = tp_plan(model.config)
+    if plan is None:
+        raise UserError(f"model.config.model_type={model.config.model_type}: no tp plan")
+    apply_published_plan(model.base_model, tp_mesh, plan)
+    return model
 
 
 def flops_per_sample(cfg: HFModelConfig, seq_len: int) -> float:
@@ -110,5 +173,6 @@ SPEC = ModelSpec(
     init=init,
     flops_per_sample=flops_per_sample,
     saved_bytes_per_sample=saved_bytes_per_sample,
+    tensor_parallel=tensor_parallel,
     unit="tokens",
 )

@@ -125,6 +125,8 @@ def problems(cfg: ModelConfig, tp: int, pp: int) -> list[str]:
             f"parallel.tp={tp}: model {cfg.kind} has no tensor-parallel plan; give its "
             "ModelSpec a tensor_parallel function (docs/extending.md) or use parallel.tp=1"
         )
+    if isinstance(cfg, HFModelConfig) and tp > 1:  # transformers' published plan
+        p += hf.tp_problems(cfg, tp)
     if isinstance(cfg, PluginModelConfig) and pp > 1 and not spec.pipeline:
         p.append(f"parallel.pp={pp}: model {cfg.kind} has no pipeline split; use parallel.pp=1")
     return p
