@@ -1,13 +1,19 @@
 """Export a checkpoint's model as one file for inference (the same as `toolkit export`).
 
 python scripts/export_model.py RUN_DIR_OR_CHECKPOINT OUT [--format safetensors|torch]
+
+Reads the checkpoint as data (tensors through an allow-listed loader; nothing of the run
+directory is imported): the working directory is not on sys.path.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+_cwd = os.path.realpath(os.getcwd())
+sys.path[:] = [p for p in sys.path if p not in ("", ".") and os.path.realpath(p) != _cwd]
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from toolkit.cli.export import main  # noqa: E402

@@ -23,41 +23,91 @@ toolkit.perfmodel.planner; this module is its command line.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-from pathlib import Path
 
-from toolkit.config.shape import world_size
-from toolkit.perfmodel.planner import (
+if __name__ == "__main__" and any(a.split("=")[0] == "--run" for a in sys.argv[1:]):
+    from toolkit.readonly import drop_working_dir
+
+    drop_working_dir()  # a run dir is read as data: none of its code is imported
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from toolkit.config.shape import world_size  # noqa: E402
+from toolkit.perfmodel.count_job import predicted_rate  # noqa: E402
+from toolkit.perfmodel.planner import (  # noqa: E402
     Plan,
+    Planning,
+    base_layout,
     batch_line,
     cost_rows,
+    job_global_batch,
+    memory_options,
     plan_job,
+    rank_plans,
     shape_name,
     spread,
 )
+from toolkit.perfmodel.regime import add_bench_data_option, read_bench_data, regime  # noqa: E402
 
 
-def print_plans(plans: list[Plan], dropped: int, top: int, title: str) -> None:
+def print_plans(
+    plans: list[Plan], dropped: int, top: int, title: str, model=None, seq_len: int = 1
+) -> None:
+    """The top plans; the rate in the model's unit (tokens/s, or samples/s for a samples
+    model: `model` is the planned model, `seq_len` its tokens per sequence)."""
     from rich.console import Console
     from rich.table import Table
 
+    unit = predicted_rate(plans[0].prediction, model, seq_len)[0] if plans and model else "tokens"
     table = Table(title=f"{title}: {len(plans)} layouts fit, {dropped} do not")
-    for col in ("#", "tokens/s", "range", "step", "dominant", "peak mem/rank", "overrides"):
+    for col in ("#", f"{unit}/s", "range", "step", "dominant", "peak mem/rank", "overrides"):
         table.add_column(col)
     for i, p in enumerate(plans[:top], 1):
         pr = p.prediction
+        rate = predicted_rate(pr, model, seq_len)[1] if model else pr.tokens_per_s
+        per_step = rate * pr.step_s
         table.add_row(
             str(i),
-            f"{pr.tokens_per_s:,.0f}",
-            " – ".join(f"{pr.tokens_per_step / s:,.0f}" for s in reversed(pr.step_range_s())),
+            f"{rate:,.0f}",
+            " – ".join(f"{per_step / s:,.0f}" for s in reversed(pr.step_range_s())),
             f"{pr.step_s * 1000:,.1f} ms",
             pr.dominant,
             f"{pr.memory['peak_bytes'] / 2**30:,.2f} GiB",
             " ".join(p.overrides()),
         )
     Console(width=220).print(table)
+
+
+def plan_run(run_dir: Path) -> Planning | None:
+    """The layouts for a run as it ran: its config.yaml read as plain values and its model
+    from the RUN/model.json it recorded (nothing it names is imported or built); None after
+    one `error:` line."""
+    from toolkit.config.compose import load_job
+    from toolkit.config.model import TransformerConfig
+    from toolkit.perfmodel.count_job import shape_of_run_model
+    from toolkit.runmodel import run_model_or_note
+
+    try:
+        job = load_job(run_dir / "config.yaml")
+    except Exception as exc:  # noqa: BLE001 - YAML, OmegaConf and schema errors alike
+        print(
+            f"error: {run_dir / 'config.yaml'}: unreadable ({type(exc).__name__})", file=sys.stderr
+        )
+        return None
+    model = job.model
+    if not isinstance(model, TransformerConfig):
+        recorded, why = run_model_or_note(run_dir)
+        if recorded is None:
+            print(f"error: {run_dir}: {why}", file=sys.stderr)
+            return None
+        model = shape_of_run_model(recorded)
+    base = base_layout(job)
+    batch = job_global_batch(job, world_size(job.cluster))
+    kernels, optimizers, skipped = memory_options(job)
+    plans, dropped = rank_plans(model, base, job.hardware, batch, kernels, optimizers)
+    return Planning(job, [], [], model, base, batch, kernels, optimizers, skipped, plans, dropped)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         help="tokens per sequence to plan for (default: data.seq_len= if given, else the "
         "model's max_seq_len)",
     )
+    parser.add_argument(
+        "--run", type=Path, default=None, metavar="RUN_DIR", help="plan a run as it ran"
+    )
+    add_bench_data_option(parser)  # the small-model regime's data paths
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
@@ -91,23 +145,46 @@ def main(argv: list[str] | None = None) -> int:
     if args.seq_len is not None and args.seq_len < 1:
         print(f"error: --seq-len={args.seq_len}: must be >= 1", file=sys.stderr)
         return 2
-    planning = plan_job(args.overrides, args.config_dir, args.seq_len)
+    if args.run is not None and (args.overrides or args.config_dir or args.check or args.seq_len):
+        print(
+            "error: --run RUN_DIR: plans the run as it ran; no overrides, -cd, --seq-len or --check",
+            file=sys.stderr,
+        )
+        return 2
+    if args.run is not None:
+        planning = plan_run(args.run)
+    else:
+        planning = plan_job(args.overrides, args.config_dir, args.seq_len)
     if planning is None:
         return 2
     job, overrides, base, batch = planning.job, planning.overrides, planning.base, planning.batch
     plans = planning.plans
+    samples = bool(plans) and predicted_rate(plans[0].prediction, planning.model, 1)[0] == "samples"
+    per_step = f"{batch} samples" if samples else f"{batch} x {base.seq_len} tokens"
     title = (
         f"{shape_name(job, overrides)} on {base.world_size} x {job.hardware.name}, "
-        f"{job.precision.name}, global batch {batch} x {base.seq_len} tokens"
+        f"{job.precision.name}, global batch {per_step}"
     )
     for line in planning.defaults:
         print(line)
-    print(batch_line(job, world_size(job.cluster), batch, base.seq_len))
-    print_plans(plans, planning.dropped, args.top, title)
+    if samples:  # a samples model: its rate and batch in samples
+        print(f"planned for a global batch of {batch} samples")
+    else:
+        print(batch_line(job, world_size(job.cluster), batch, base.seq_len))
+    print_plans(plans, planning.dropped, args.top, title, planning.model, base.seq_len)
     for line in planning.skipped:
         print(line)
     if not plans:
         print("no layout fits in memory")
+    try:  # the best layout's launch floor, packing, data paths and advice
+        rates = read_bench_data(args.bench_data)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    packable = [p.layout for p in plans if p.layout.tp == p.layout.pp == 1]  # an ensemble's
+    small = regime(job, None, planning.model, rates, packable[0]) if packable else None
+    for line in small.lines if small else []:
+        print(line)
     if args.cost is not None:
         from toolkit.perfmodel.prices import read_prices
 

@@ -33,3 +33,50 @@ def no_site_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("TOOLKIT_SITE_CONF", str(tmp_path / "no-site"))
     monkeypatch.setenv("TOOLKIT_USER_CONF", str(tmp_path / "no-user"))
     monkeypatch.delenv("TOOLKIT_CONFIG_PATH", raising=False)
+
+
+# Two small real runs that the readers' tests share (each about 4 s of CPU, once per session):
+# a samples model (the time-series transformer over the synthetic market, whose unit is
+# samples) and a token model (gpt_tiny). Telemetry on, one checkpoint, as a user's run.
+READER_RUN = [
+    "trainer.steps=4",
+    "trainer.global_batch_size=8",
+    "trainer.eval_batches=1",
+    "trainer.progress=false",
+    "checkpoint.enabled=true",
+    "checkpoint.interval_steps=2",
+    "launch.follow=false",
+]
+
+
+def _reader_run(root: Path, name: str, *model: str) -> Path:
+    import subprocess
+    import sys
+
+    run_dir = root / name
+    done = subprocess.run(
+        [sys.executable, "-m", "toolkit.launch", *model, *READER_RUN, f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env=isolated_env(root),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def samples_run(tmp_path_factory) -> Path:
+    """A finished run of a samples model (model=ts_transformer data=returns)."""
+    return _reader_run(
+        tmp_path_factory.mktemp("readers"), "samples", "model=ts_transformer", "data=returns"
+    )
+
+
+@pytest.fixture(scope="session")
+def tokens_run(tmp_path_factory) -> Path:
+    """A finished run of a token model (model=gpt_tiny, 32-token windows)."""
+    return _reader_run(
+        tmp_path_factory.mktemp("readers"), "tokens", "model=gpt_tiny", "data.seq_len=32"
+    )

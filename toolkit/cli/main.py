@@ -108,6 +108,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "runs": (run_runs, "every run under a directory, with its state and overrides"),
     "report": (run_telemetry("report"), "telemetry report of a run (tables, plots, HTML)"),
     "watch": (run_telemetry("watch"), "live view of a running job's telemetry"),
+    "compare": (run_telemetry("compare"), "two runs side by side, with run-to-run noise"),
     "bench": (run_bench, "benchmarks: toolkit bench NAME (toolkit bench --help lists them)"),
     "perfmodel": (
         lambda argv: module_main("toolkit.perfmodel.__main__")(argv),

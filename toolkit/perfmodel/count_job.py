@@ -1,18 +1,24 @@
 """A job's model as the performance model sees it: the built-in transformers by their shape,
 any other model by its counted costs (toolkit.perfmodel.counted on meta tensors, on an
 example micro-batch of the job's own data). Imports torch and your package only to count a
-model that is not a built-in transformer (the report of a built-in model's run stays torch-
-free); the CLIs and the report call it, the pure model (toolkit.perfmodel.model) never does."""
+model that is not a built-in transformer. A run counts its own model once and records it as
+RUN/model.json (record_run_model, rank 0); the readers of a run directory (report, status,
+perfmodel/plan --run) take that plain data (shape_of_run_model) and never call the counting
+here, which builds and instantiates what a config names. The pure model
+(toolkit.perfmodel.model) never calls it."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig, display_name, vocab_size
 from toolkit.perfmodel.counted_model import CountedShape
+from toolkit.runmodel import RunModel, write_run_model
 
 EXAMPLE_SAMPLES = 2
+FP32_BYTES = 4  # parameters are kept in fp32 (the mixed-precision policy casts copies)
 
 
 def perf_model(job: JobConfig) -> TransformerConfig | CountedShape:
@@ -30,7 +36,20 @@ def counted_shape_or_none(job: JobConfig) -> CountedShape | None:
 
 def counted_shape(job: JobConfig) -> CountedShape:
     """Count the job's model once on an example micro-batch of its data (no real memory
-    for the model; the batch's values do not matter, only its shapes)."""
+    for the model; the batch's values do not matter, only its shapes). For a job being
+    planned or launched from your own config, never for a run directory's: a run's own
+    count is its RUN/model.json (shape_of_run_model)."""
+    from toolkit.train.models.registry import spec_for
+
+    analytic = spec_for(job.model).flops_per_sample is not None  # no data needed
+    return shape_of_run_model(run_model(job, None if analytic else example_batch(job)))
+
+
+def run_model(job: JobConfig, batch: Any = None) -> RunModel:
+    """What RUN/model.json records of the job's model: the spec's own FLOPs where it states
+    them, else one forward + backward of `batch` (a micro-batch of the job's data) counted on
+    meta tensors. Imports torch and builds the model: only a run or your own command line
+    calls it, never a reader of a run directory."""
     import torch
 
     from toolkit.perfmodel.counted import count
@@ -42,24 +61,79 @@ def counted_shape(job: JobConfig) -> CountedShape:
         model = spec.build(cfg)
     units = max(1, len(spec.units_of(model)))
     tokens = job.data.seq_len if spec.unit == "tokens" else 0
-    name = display_name(job.model)
-    if spec.flops_per_sample is not None:  # the spec's own FLOPs: no run needed
+    # trainer.ensemble: K members of this model in one step (1 where the schema has none).
+    ensemble = max(1, int(getattr(job.trainer, "ensemble", 1)))
+    shape = input_shape(batch) if batch is not None else ([job.data.seq_len] if tokens else [])
+    if spec.flops_per_sample is not None:  # the spec's own FLOPs: no counting needed
         flops = spec.flops_per_sample(cfg, job.data.seq_len)
         params = sum(p.numel() for p in dict(model.named_parameters()).values())
         # The spec's own saved activations; without them the memory estimate is a floor.
         saved = spec.saved_bytes_per_sample
         activations = 0.0 if saved is None else saved(cfg, job.data.seq_len)
-        return CountedShape(name, flops, flops / 3, params, activations, units, tokens)
-    cost = count(lambda: spec.build(cfg), example_batch(job), spec.loss_of)
-    return CountedShape(
-        name=name,
-        flops_per_sample=cost.flops_per_sample,
-        forward_flops_per_sample=cost.forward_flops_per_sample,
-        num_params=cost.num_params,
-        saved_bytes_per_sample=cost.saved_bytes / cost.batch_size,
-        units=units,
+        forward = flops / 3
+    else:
+        cost = count(lambda: spec.build(cfg), batch, spec.loss_of)
+        flops, forward = cost.flops_per_sample, cost.forward_flops_per_sample
+        params, activations = cost.num_params, cost.saved_bytes / cost.batch_size
+    return RunModel(
+        name=display_name(job.model),
+        unit=spec.unit,
+        flops_per_sample=float(flops),
+        forward_flops_per_sample=float(forward),
+        num_params=int(params),
+        param_bytes=int(params) * FP32_BYTES * ensemble,
         tokens_per_sample=tokens,
+        saved_bytes_per_sample=float(activations),
+        units=units,
+        input_shape=shape,
+        ensemble=ensemble,
     )
+
+
+def record_run_model(job: JobConfig, run_dir: Path, batch: Any = None) -> RunModel:
+    """Count the job's model (run_model) and write RUN/model.json for the run's readers."""
+    model = run_model(job, batch)
+    write_run_model(run_dir, model)
+    return model
+
+
+def shape_of_run_model(model: RunModel) -> CountedShape:
+    """What the performance model takes for a model recorded in a RUN/model.json: plain
+    numbers, nothing built."""
+    return CountedShape(
+        name=model.name,
+        flops_per_sample=model.flops_per_sample,
+        forward_flops_per_sample=model.forward_flops_per_sample,
+        num_params=model.num_params,
+        saved_bytes_per_sample=model.saved_bytes_per_sample,
+        units=model.units,
+        tokens_per_sample=model.tokens_per_sample,
+    )
+
+
+def predicted_rate(
+    prediction: Any, model: TransformerConfig | CountedShape, seq_len: int
+) -> tuple[str, float]:
+    """(unit, rate) of a prediction: tokens/s for a token model, samples/s for any other.
+    A counted samples model's prediction counts one "token" per sample
+    (CountedShape.tokens_per_sample == 0), the analytic time-series transformer's counts
+    `seq_len` per sample."""
+    if isinstance(model, TransformerConfig):
+        if model.token_inputs:
+            return "tokens", prediction.tokens_per_s
+        return "samples", prediction.tokens_per_s / max(1, seq_len)
+    if model.tokens_per_sample > 0:
+        return "tokens", prediction.tokens_per_s
+    return "samples", prediction.tokens_per_s
+
+
+def input_shape(batch: Any) -> list[int]:
+    """One sample's input shape: the first tensor of the batch without its batch dim."""
+    first = batch
+    while isinstance(first, tuple | list | dict) and first:
+        first = next(iter(first.values())) if isinstance(first, dict) else first[0]
+    shape = getattr(first, "shape", None)
+    return [int(d) for d in shape[1:]] if shape is not None and len(shape) > 0 else []
 
 
 def example_batch(job: JobConfig) -> Any:

@@ -31,7 +31,9 @@ from toolkit.events import Fanout, json_safe
 from toolkit.kernels.liger import resolve as resolve_kernels
 from toolkit.perfmodel import balanced_split, layer_costs
 from toolkit.perfmodel.job import job_grad_sync
-from toolkit.tasks.train_hooks import build_hooks, build_sinks, heartbeat_of
+from toolkit.tasks.train_hooks import build_hooks, build_sinks, heartbeat_of, tracker_sinks_of
+from toolkit.train.ensemble import Member, as_member_optim, set_dropout_rate, solo_member
+from toolkit.train.ensemble_parts import build_ensemble
 from toolkit.train.loop import Trainer
 from toolkit.train.models import use_kernels
 from toolkit.train.models.registry import spec_config, spec_for
@@ -132,28 +134,42 @@ def choose_kernels(
     return kernels
 
 
-def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
-    shape = mesh_shape(job.parallel, dist.get_world_size())
-    if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
-        raise ValueError(shape)
-    spec = spec_for(job.model)
-    for line in apply_step_settings(job.precision, job.parallel, device):  # TF32, CUDA graphs
-        if env.is_rank0:
-            log.info(line)
-    torch.manual_seed(job.seed)
+def new_model(
+    job: JobConfig, spec: ModelSpec, shape: MeshShape, device: torch.device, env: DistEnv
+) -> torch.nn.Module:
+    """The model as the spec builds it from the current RNG state, its kernels chosen, and
+    initialised (on the meta device under parallel.meta_init: initialised after sharding)."""
     model = spec.build(spec_config(job.model))
     if isinstance(job.model, TransformerConfig):  # the built-ins' fused kernels
         choose_kernels(model, job, shape, device, env)
     if job.parallel.meta_init:
-        model = model.to("meta")
-    else:
-        spec.initialise(model)  # on CPU, before sharding: identical for every world size
+        return model.to("meta")
+    spec.initialise(model)  # on CPU, before sharding: identical for every world size
+    return model
+
+
+def build_model(
+    job: JobConfig,
+    env: DistEnv,
+    run_dir: Path,
+    device: torch.device,
+    shape: MeshShape,
+    spec: ModelSpec,
+    member: Member | None = None,
+) -> tuple[torch.nn.Module, Any]:
+    """This rank's model, split into pipeline stages or sharded (FSDP2, tp), on `device`;
+    and the pipeline (None without pipeline parallelism). `member`: one member of an
+    ensemble run alone (its seed and dropout; toolkit.train.ensemble.solo_member)."""
+    torch.manual_seed(job.seed if member is None else member.seed)
+    model = new_model(job, spec, shape, device, env)
+    if member is not None and member.dropout is not None:
+        set_dropout_rate(model, member.dropout, "trainer.members[0]")
     mesh = build_mesh(shape, device.type)
     record_layout(shape, device, run_dir / "mesh.json")
     pipe = None
     if shape.pp > 1:  # this rank's stages: tensor parallel, then sharded over the dp dims
         # Imported here: torch.distributed.pipelining brings torch._dynamo (~0.5 s a rank).
-        from toolkit.train.pipeline import PipelineStep, build_pipeline
+        from toolkit.train.pipeline import build_pipeline
 
         split = pipeline_split(job, shape)
         pipe = build_pipeline(
@@ -173,6 +189,36 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         spec.initialise(model)
     else:
         model.to(device)
+    return model, pipe
+
+
+def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
+    shape = mesh_shape(job.parallel, dist.get_world_size())
+    if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
+        raise ValueError(shape)
+    spec = spec_for(job.model)
+    for line in apply_step_settings(job.precision, job.parallel, device):  # TF32, CUDA graphs
+        if env.is_rank0:
+            log.info(line)
+    member = solo_member(job.trainer, job.seed, job.optim)
+    if member is not None:  # one member alone: its optimizer settings, the job's data order
+        job = dataclasses.replace(job, optim=as_member_optim(job.optim, member))
+    ensemble = None
+    if job.trainer.ensemble > 1:  # K members, whole in every rank (toolkit.train.ensemble)
+        ensemble = build_ensemble(
+            job.trainer,
+            job.optim,
+            job.seed,
+            functools.partial(new_model, job, spec, shape, device, env),
+            spec.loss_of,
+            device,
+            run_dir,
+            env.rank,
+        )
+        model, pipe = ensemble.stack.model, None
+        record_layout(shape, device, run_dir / "mesh.json")
+    else:
+        model, pipe = build_model(job, env, run_dir, device, shape, spec, member)
 
     write_shard_info(model, run_dir / "metrics" / f"rank{env.rank}-model.json")
     # Batches are split over the data-parallel ranks; tp and pp peers read the same slice.
@@ -186,11 +232,16 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
     )
     loader, val_loader, eval_metric = build_loaders(job, plan, device, run_dir, env)
 
-    optimizer = build_optimizer(model, job.optim)
-    scheduler = build_scheduler(optimizer, job.optim, job.trainer.steps)
+    if ensemble is not None:
+        optimizer, scheduler = ensemble.optimizer, ensemble.scheduler
+    else:
+        optimizer = build_optimizer(model, job.optim)
+        scheduler = build_scheduler(optimizer, job.optim, job.trainer.steps)
     sinks = build_sinks(job, env, run_dir)
     sink = Fanout(sinks)
     heartbeat = heartbeat_of(sinks)
+    if ensemble is not None:  # each member's values go to the trackers, not the console
+        ensemble.members.trackers = Fanout(tracker_sinks_of(sinks))
     # One set of wrappers on torch.distributed: timing per kind, and/or the collective each
     # rank is in for the hang watchdog.
     comm = None
@@ -198,7 +249,11 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         comm = CommTimer(
             progress=heartbeat, timing=job.telemetry.comm_timing, cuda=device.type == "cuda"
         ).install()
-    if pipe is not None:
+    if ensemble is not None:
+        strategy = ensemble.step
+    elif pipe is not None:
+        from toolkit.train.pipeline import PipelineStep
+
         loss_ranks = shape.world_size // shape.pp  # the last stage's ranks hold the loss
         strategy = PipelineStep(
             pipe, job.parallel.pp_schedule, device, model.loss, loss_ranks, timer=comm
@@ -213,13 +268,20 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
             spec.predict,
             *micro_step_sync(job, env),
         )
-    learning = Learning(model, optimizer, scheduler, strategy, grad_clip=job.optim.grad_clip)
+    learning = Learning(
+        model,
+        optimizer,
+        scheduler,
+        strategy,
+        grad_clip=job.optim.grad_clip,
+        members=ensemble.members if ensemble is not None else None,
+    )
     instruments = Instruments(
         sink,
         device,
         peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
         flops_per_sample=model_flops_per_sample(spec, job),
-        count_flops=flops_counter(spec, job),
+        count_flops=flops_counter(spec, job, run_dir if env.is_rank0 else None),
         throughput_unit=spec.unit,
         fault=job.fault,
         comm_timer=comm,  # timing=False: take() reports zeros, as with no timer
@@ -259,22 +321,26 @@ def model_flops_per_sample(spec: ModelSpec, job: JobConfig) -> float:
     return 0.0
 
 
-def flops_counter(spec: ModelSpec, job: JobConfig):
+def flops_counter(spec: ModelSpec, job: JobConfig, record_in: Path | None = None):
     """For a model without analytic FLOPs: a function counting them per sample on its first
     micro-batch (toolkit.perfmodel.counted: one forward + backward on meta tensors, no real
-    memory), so that MFU is the model's own. None when the spec states them."""
-    if spec.flops_per_sample is not None:
+    memory), so that MFU is the model's own. On rank 0 (`record_in`: the run dir) the same
+    first micro-batch records RUN/model.json for the run's readers, which never build the
+    model themselves. None when there is nothing to count or record."""
+    if spec.flops_per_sample is not None and record_in is None:
         return None
-    from toolkit.perfmodel.counted import count
+    from toolkit.perfmodel.count_job import record_run_model, run_model
 
-    cfg = spec_config(job.model)
+    analytic = model_flops_per_sample(spec, job)
 
     def per_sample(batch: Any) -> float:
         try:
-            return count(lambda: spec.build(cfg), batch, spec.loss_of).flops_per_sample
+            if record_in is None:
+                return run_model(job, batch).flops_per_sample
+            return record_run_model(job, record_in, batch).flops_per_sample
         except Exception as exc:  # noqa: BLE001 - MFU is a report, never a reason to stop
-            log.warning("MFU not measured: counting the model's FLOPs failed: %s", exc)
-            return 0.0
+            log.warning("model not recorded: counting its FLOPs failed: %s", exc)
+            return analytic
 
     return per_sample
 
@@ -291,10 +357,21 @@ def fit_and_report(trainer: Trainer, env: DistEnv, run_dir: Path) -> dict[str, A
         if isinstance(trainer.strategy, Accumulation):  # which gradient sync ran
             summary["grad_sync"] = trainer.strategy.grad_sync
             summary["reshard_between_micro_steps"] = trainer.strategy.reshard_between_micro_steps
+        if trainer.members is not None:
+            summary["ensemble"] = len(trainer.members.members)
+            summary["members_dropped"] = {
+                m.name: step
+                for m, step in zip(trainer.members.members, trainer.members.dropped_at, strict=True)
+                if step is not None
+            }
         if env.is_rank0:  # before the sinks close: the trackers upload it; NaN -> null
             (run_dir / "summary.json").write_text(json.dumps(json_safe(summary), indent=2))
+            if trainer.members is not None:  # RUN/members/<name>/summary.json
+                trainer.members.write_summaries(summary)
     finally:
         trainer.sink.close()
+        if trainer.members is not None:
+            trainer.members.close()
         trainer.watch.uninstall()
     if env.is_rank0:
         print_summary(summary)

@@ -151,7 +151,8 @@ def _diagnose(
 ) -> Verdict:
     job = model.load_config(run.run_dir)
     world = max((int(n.attrs.get("world_size", 0) or 0) for n in run.nodes), default=0)
-    predicted, note = model.predicted_terms(job, world or len(series) or 1)
+    recorded, no_model = model.load_model(run.run_dir)
+    predicted, note = model.predicted_terms(job, world or len(series) or 1, recorded, no_model)
     return diagnose(
         series,
         report.attribution,
