@@ -5,6 +5,7 @@ config.yaml, which every rank reads back to run the job; it is private to the us
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -13,7 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launch
-from toolkit.redact import REDACTED, is_secret_name, redact, redact_env, redact_text
+from toolkit.redact import (
+    NOT_RECORDED,
+    REDACTED,
+    is_secret_name,
+    redact,
+    redact_env,
+    redact_text,
+)
 
 pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
 
@@ -52,7 +60,36 @@ def test_structures_are_redacted_by_key_and_by_value():
         "env": {"MY_API_TOKEN": REDACTED, "NCCL_X": "https://u:***@h"},
         "setup": [f"export A_KEY={REDACTED}"],
     }
-    assert redact_env({"B_PAT": "x", "A": "y"}) == {"A": "y", "B_PAT": REDACTED}
+    assert redact_env({"B_PAT": "x", "PATH": "/bin"}) == {"B_PAT": REDACTED, "PATH": "/bin"}
+
+
+def test_an_environment_keeps_values_only_for_the_families_that_say_how_the_job_ran():
+    shell = {
+        "DB_PASS": "sekrit1",  # names no rule tells from harmless ones
+        "API_KEYS": "k1,k2",
+        "SESSION_COOKIE": "abc",
+        "ALERTS": "https://hooks.example.com/services/T0/B0/xyz",
+        "SLURM_JOB_ID": "42",
+        "NCCL_DEBUG": "WARN",
+        "PYTHONPATH": "/src",
+        "HOSTNAME": "n1",
+        "OMP_NUM_THREADS": "4",
+        "SLURM_JOB_COMMENT": "mlflow https://u:pw@host",  # kept, and still redacted
+        "TORCH_HF_TOKEN": "sekrit2",
+    }
+    assert redact_env(shell) == {
+        "ALERTS": NOT_RECORDED,
+        "API_KEYS": NOT_RECORDED,
+        "DB_PASS": NOT_RECORDED,
+        "HOSTNAME": "n1",
+        "NCCL_DEBUG": "WARN",
+        "OMP_NUM_THREADS": "4",
+        "PYTHONPATH": "/src",
+        "SESSION_COOKIE": NOT_RECORDED,
+        "SLURM_JOB_COMMENT": "mlflow https://u:***@host",
+        "SLURM_JOB_ID": "42",
+        "TORCH_HF_TOKEN": REDACTED,
+    }
 
 
 def files_holding(run_dir: Path, secret: str) -> list[str]:
@@ -72,7 +109,7 @@ def test_a_run_records_no_secret_outside_its_private_config(tiny, tmp_path):
         "cluster.setup=['export HF_TOKEN=sekrit456']",
         "nccl.env.NCCL_NET_PLUGIN='https://u:sekrit789@host/x'",
         f"hydra.run.dir={run_dir}",
-        env={"MY_API_TOKEN": "sekrit123", "DB_PASSWD": "sekrit000"},
+        env={"MY_API_TOKEN": "sekrit123", "DB_PASSWD": "sekrit000", "DB_PASS": "sekrit321"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     recorded = {p.name for p in run_dir.rglob("*")}
@@ -80,6 +117,9 @@ def test_a_run_records_no_secret_outside_its_private_config(tiny, tmp_path):
     assert any(name.endswith(".h5") for name in recorded), "telemetry is on by default"
     assert files_holding(run_dir, "sekrit123") == []  # environment
     assert files_holding(run_dir, "sekrit000") == []
+    assert files_holding(run_dir, "sekrit321") == []  # a name no rule finds: not recorded
+    environment = json.loads((run_dir / "env.json").read_text())["environment"]
+    assert environment["DB_PASS"] == NOT_RECORDED and environment["PATH"] == os.environ["PATH"]
     # The job runs with these values: only config.yaml, which the ranks read back, keeps them.
     assert files_holding(run_dir, "sekrit456") == ["config.yaml"]
     assert files_holding(run_dir, "sekrit789") == ["config.yaml"]

@@ -5,7 +5,10 @@ PASSWORD, PASSWD or CREDENTIAL(S) (`MY_API_TOKEN`, `AWS_SECRET_ACCESS_KEY`, `API
 its last part is PAT or AUTH (`GH_PAT`, `REGISTRY_AUTH`); `tokens_per_s` or `SSH_AUTH_SOCK`
 are not. Values named so are replaced by REDACTED; in any other text, `NAME=value` and
 `NAME: value` with a secret NAME lose their value, and a URL's password its password
-(`https://u:pw@host` -> `https://u:***@host`).
+(`https://u:pw@host` -> `https://u:***@host`). An environment keeps values only for an
+allow-list of families that say how the job ran (`redact_env`: SLURM_, CUDA_, NCCL_, TORCH_,
+OMP_, PYTHON..., the host and user names; ENV_VALUE_PREFIXES, ENV_VALUE_NAMES), the other
+variables by name only.
 
 What is not redacted, on purpose: RUN_DIR/config.yaml, which every rank reads back to run
 the job (it must hold the values the job uses), and the setup lines of the sbatch script,
@@ -65,6 +68,41 @@ def redact(value: Any) -> Any:
     return value
 
 
+# The environment variables whose values a record keeps (env.json): those that say how the
+# job ran. Every other variable is recorded by name only (its value NOT_RECORDED), since a
+# user's shell holds database passwords, API keys, cookies and webhook URLs under names no
+# rule can tell from harmless ones. Kept values still go through `redact`.
+ENV_VALUE_PREFIXES = (
+    "SLURM_", "SLURMD_", "SBATCH_", "SRUN_",  # the scheduler
+    "CUDA_", "NCCL_", "NVIDIA_", "UCX_", "FI_", "GLOO_", "TORCH_", "TORCHELASTIC_",
+    "TORCHINDUCTOR_", "PYTORCH_", "TRITON_",  # devices, fabric, torch
+    "OMP_", "MKL_", "KMP_",  # CPU threading
+    "PYTHON", "HYDRA_", "TOOLKIT_", "LC_",
+)  # fmt: skip
+ENV_VALUE_NAMES = frozenset(
+    {
+        "HOSTNAME", "HOST", "USER", "LOGNAME", "HOME", "SHELL", "PWD", "TMPDIR", "PATH",
+        "LD_LIBRARY_PATH", "LD_PRELOAD", "LANG", "LANGUAGE", "TZ", "VIRTUAL_ENV",
+        "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
+        "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+        "GROUP_RANK", "NODE_RANK",  # torch.distributed's rendezvous
+    }
+)  # fmt: skip
+NOT_RECORDED = "<not recorded>"
+
+
+def env_value_kept(name: str) -> bool:
+    """Whether a record keeps this variable's value (see ENV_VALUE_PREFIXES)."""
+    return name in ENV_VALUE_NAMES or name.startswith(ENV_VALUE_PREFIXES)
+
+
 def redact_env(environ: dict[str, str]) -> dict[str, str]:
-    """An environment for a record: sorted, secret names' values and URL passwords redacted."""
-    return redact(dict(sorted(environ.items())))
+    """An environment for a record, sorted: every name; the values of the allow-listed
+    families (env_value_kept) redacted as `redact` does, the others NOT_RECORDED (a secret
+    name's REDACTED)."""
+    return {
+        name: redact({name: value})[name]
+        if env_value_kept(name) or is_secret_name(name)
+        else NOT_RECORDED
+        for name, value in sorted(environ.items())
+    }
