@@ -26,3 +26,16 @@ def test_the_loader_benchmark_reports_rates_and_whether_they_keep_up(tmp_path, c
     for row in result["results"]:
         assert row["samples_per_s"] > 0 and row["mb_per_s"] > 0
         assert row["keeps_up"] == (row["samples_per_s"] >= need)
+
+
+def test_the_paths_comparison_interleaves_host_device_and_the_gather_bound(tmp_path) -> None:
+    out = tmp_path / "paths.json"
+    argv = ["--paths", "--repeats", "2", "--workers", "0", "--formats", "npy", "--times", "600"]
+    argv += ["--instruments", "4", "--steps", "3", "--warmup", "1", "--dir", str(tmp_path)]
+    assert main([*argv, "--json", str(out), "data.seq_len=16"]) == 0
+    paths = json.loads(out.read_text())["paths"]
+    assert paths["placement"].startswith("data: device-resident, ")
+    for name in ("host_loader", "device_resident", "gather_bound"):
+        assert len(paths["samples_per_s"][name]) == 2 and paths["median_samples_per_s"][name] > 0
+    median = paths["median_samples_per_s"]
+    assert paths["device_over_host"] == median["device_resident"] / median["host_loader"]

@@ -1,6 +1,13 @@
 """`python -m toolkit.bench.data [--workers 1 2 4] [--formats hdf5 parquet npy] [OVERRIDE ...]`:
 does the loader keep the accelerator fed?
 
+`--paths [--repeats 7]`: the sample paths side by side on the first format, interleaved
+(host loader, device-resident, plain gather; again, ...), medians of samples/s: the host
+loader with the first --workers count (toolkit.data.loader), the device-resident path
+(toolkit.data.device, data.placement=device: on this machine's first accelerator, else the
+CPU), and, as the bound, one plain gather of the same windows' inputs out of an in-memory
+tensor per micro-batch (no order, normalisation or targets).
+
 For each format, writes the synthetic market (--times x --instruments x 3 features) to a
 temporary directory, then for each worker count times one rank's loader of the composed
 job (default experiment=returns; e.g. `hardware=h100 precision=bf16` for a GPU node):
@@ -44,6 +51,115 @@ def measure(loader, warmup: int, steps: int) -> dict[str, float]:
     }
 
 
+def gather_bound(windows, plan, steps: int):
+    """A loader-like stepper over a plain in-memory gather: step s's micro-batches are
+    table[anchor + offsets] for random anchors prepared beforehand, on the tables' device."""
+    import torch
+
+    inputs = windows.device_tables(bench_device())[0]
+    table = inputs.reshape(len(inputs), -1)
+    g, lookback = plan.global_batch_size, windows.spec.lookback
+    gen = torch.Generator().manual_seed(0)
+    anchors = torch.randint(lookback - 1, len(table), ((steps + 10) * g,), generator=gen)
+    anchors = anchors.to(table.device)
+    offsets = torch.arange(1 - lookback, 1, device=table.device)
+    state = {"step": 0}
+
+    class Bound:
+        def __next__(self):
+            s = state["step"] % (steps + 10)
+            state["step"] += 1
+            out = []
+            for m in range(plan.grad_accum):
+                lo = s * g + m * plan.micro_batch_size
+                rows = anchors[lo : lo + plan.micro_batch_size]
+                out.append((table[rows[:, None] + offsets], rows))
+            return s, out
+
+        def close(self):
+            pass
+
+    bound = Bound()
+    bound.plan = plan
+    return bound
+
+
+def bench_device():
+    """The first accelerator, else the CPU."""
+    import torch
+
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def compare_paths(cfg, plan, width: int, targets: int, args) -> dict:
+    """Interleaved repetitions of the three paths; samples/s of each, medians and ratios."""
+    import torch
+
+    device = bench_device()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)  # 2 threads on a loaded 2-core VM spin: 15x slower
+    try:
+        return measure_paths(cfg, plan, width, targets, args, device)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def measure_paths(cfg, plan, width: int, targets: int, args, device) -> dict:
+    import statistics
+
+    import torch
+
+    from toolkit.data.device import market_loaders
+    from toolkit.data.loader import build_loaders
+
+    start = time.perf_counter()
+    on_device, _, placement = market_loaders(
+        dataclasses.replace(cfg, placement="device"), plan, width, targets, device, False
+    )
+    next(on_device)  # the tables: read, normalised and placed once
+    setup_s = time.perf_counter() - start
+    bound = gather_bound(on_device.windows, plan, args.steps)
+    rates: dict[str, list[float]] = {"host_loader": [], "device_resident": [], "gather_bound": []}
+    for _ in range(args.repeats):
+        host, _ = build_loaders(cfg, plan, width, targets, pin_memory=False)
+        for name, loader in (("host_loader", host), ("device_resident", on_device)):
+            rates[name].append(timed(loader, args.warmup, args.steps, device))
+        host.close()
+        rates["gather_bound"].append(timed(bound, args.warmup, args.steps, device))
+    on_device.close()
+    median = {name: statistics.median(r) for name, r in rates.items()}
+    return {
+        "device": str(device),
+        "placement": placement.line,
+        "workers": cfg.num_workers,
+        "setup_s": setup_s,
+        "repeats": args.repeats,
+        "samples_per_s": rates,
+        "median_samples_per_s": median,
+        "device_over_host": median["device_resident"] / median["host_loader"],
+        "device_over_bound": median["device_resident"] / median["gather_bound"],
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def timed(loader, warmup: int, steps: int, device) -> float:
+    """Samples/s of `steps` steps after `warmup` (the loader stays open: the host loader's
+    workers are started once per repetition, in its warm-up)."""
+    import torch
+
+    for _ in range(warmup):
+        next(loader)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    samples = 0
+    for _ in range(steps):
+        _, batches = next(loader)
+        samples += sum(len(b[0]) for b in batches)
+    sync()
+    return samples / (time.perf_counter() - start)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m toolkit.bench.data")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
@@ -53,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None, help="where to write the datasets")
+    parser.add_argument("--paths", action="store_true", help="host vs device vs plain gather")
+    parser.add_argument("--repeats", type=int, default=7, help="--paths: interleaved rounds")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="--paths: torch threads (1: one core, as numpy)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -89,6 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     need = plan.micro_batch_size * plan.grad_accum / prediction.step_s
     root = Path(tempfile.mkdtemp(prefix="bench-data-", dir=args.dir))
     results = []
+    if args.paths:
+        fmt = args.formats[0]
+        write_synthetic(root / fmt, args.times, n, fmt)
+        cfg = dataclasses.replace(job.data, path=str(root / fmt), num_workers=args.workers[0])
+        paths = compare_paths(cfg, plan, width, targets, args)
+        print(json.dumps(paths), file=sys.stderr)
+        args.formats = []  # the per-format table is the plain command's
     for fmt in args.formats:
         path = root / fmt
         write_synthetic(path, args.times, n, fmt)
@@ -119,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "results": results,
     }
+    if args.paths:
+        out["paths"] = paths
     from toolkit.measure.results import print_json
 
     print_json(out, args.json)
