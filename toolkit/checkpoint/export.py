@@ -3,6 +3,7 @@ process (no process group): safetensors by default, or torch.save."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from toolkit.checkpoint.manifest import CheckpointCorrupt, verify
 from toolkit.checkpoint.resume import latest_valid
 from toolkit.checkpoint.storage import LocalStorage, SafeFileSystemReader
 from toolkit.checkpoint.trust import SafeLoadPlanner, first_unsafe
+from toolkit.config.trainer import MEMBER_NAME
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +72,40 @@ def refuse_overwrite(source: Path, out: Path) -> None:
         )
 
 
-def export_model(source: Path, out: Path, fmt: str = "safetensors") -> Path:
-    """Write the consolidated model of `source` (checkpoint or run dir) to `out`."""
+def member_tensors(
+    tensors: dict[str, torch.Tensor], checkpoint: Path, member: str
+) -> dict[str, torch.Tensor]:
+    """One ensemble member's slice of a checkpoint's stacked [K, ...] tensors: the plain
+    model's state dict. The member's index is read (as JSON) from the run's
+    members/<name>/member.json (toolkit.train.ensemble_members)."""
+    if not MEMBER_NAME.fullmatch(member):
+        raise ValueError(f"--member={member!r}: not a member name (letters, digits, . _ -)")
+    members = checkpoint.parent.parent / "members"
+    path = members / member / "member.json"
+    if not path.is_file():
+        known = sorted(p.name for p in members.iterdir()) if members.is_dir() else []
+        raise ValueError(
+            f"--member={member}: no such member of {checkpoint.parent.parent}"
+            + (f"; its members: {', '.join(known)}" if known else " (not an ensemble's run)")
+        )
+    index = json.loads(path.read_text())["index"]
+    if not isinstance(index, int) or index < 0:
+        raise ValueError(f"{path}: index={index!r} is not a member's index")
+    return {k: v[index].contiguous() for k, v in tensors.items()}
+
+
+def export_model(
+    source: Path, out: Path, fmt: str = "safetensors", member: str | None = None
+) -> Path:
+    """Write the consolidated model of `source` (checkpoint or run dir) to `out`; `member`:
+    one member of an ensemble's run (its slice of the stacked tensors, the plain model)."""
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt}: unknown; allowed: {', '.join(FORMATS)}")
     refuse_overwrite(source, out)
     checkpoint = resolve_checkpoint(source)
     tensors = load_model_state(checkpoint)
+    if member is not None:  # trainer.ensemble: one member as the plain model
+        tensors = member_tensors(tensors, checkpoint, member)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
         from safetensors.torch import save_file

@@ -82,12 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         help="auto (default): a Hugging Face model's run as a from_pretrained directory "
         "(hf: config.json and model.safetensors), any other model as one safetensors file",
     )
+    parser.add_argument(
+        "--member",
+        help="an ensemble's run (trainer.ensemble): export this member alone, as the plain "
+        "model (its name, e.g. m03, under RUN/members/)",
+    )
     args = parser.parse_args(argv)
     try:
-        path = export_hf(args.source, args.out, args.format)
+        path = None if args.member else export_hf(args.source, args.out, args.format)
         if path is None:
             fmt = "safetensors" if args.format == "auto" else args.format
-            path = export_model(args.source, args.out, fmt)
+            path = export_model(args.source, args.out, fmt, args.member)
     except (
         CheckpointCorrupt,
         CheckpointTooNew,

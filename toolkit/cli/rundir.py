@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,12 @@ from omegaconf import OmegaConf
 
 from toolkit import slurm_cli
 from toolkit.errors import EXIT_PREEMPTED
+from toolkit.runmodel import UNITS, RunModelUnreadable, read_run_model
 from toolkit.tracking.build import tracker_links
 
-STATES = ("running", "completed", "failed", "preempted", "requeued", "unknown")
+# dead: no summary, no error file, and the process that held the run dir's lock is gone
+# (a killed launcher): nothing runs there any more.
+STATES = ("running", "completed", "failed", "preempted", "requeued", "dead", "unknown")
 
 
 @dataclass
@@ -31,6 +35,9 @@ class RunInfo:
     total_steps: int | None = None
     loss: float | None = None  # the final loss, else the last one recorded
     tokens_per_s: float | None = None  # median over the run when it ended, else the last step
+    unit: str = "tokens"  # the model's throughput unit: tokens | samples (RUN/model.json)
+    samples_per_s: float | None = None  # as tokens_per_s, in samples
+    mfu: float | None = None  # median over the run when it ended, else the last step
     last_checkpoint: str | None = None  # the newest committed one
     attempts: int = 1  # starts of the job: 1 + restarts (requeues, relaunches that resumed)
     job_id: str | None = None
@@ -109,6 +116,20 @@ def _json_object(path: Path) -> dict | None:
     return value
 
 
+NUMBER = (int, float)
+
+
+def typed(record: dict, key: str, kinds: tuple[type, ...], path: Path) -> Any:
+    """record[key] when it is None or of `kinds` (a bool is no number); RunDirUnreadable
+    naming the file and the field otherwise: valid JSON of the wrong type (`"final_loss":
+    [1]`, `"loss": "NaN"`) is one line, never a traceback."""
+    value = record.get(key)
+    if value is None or (isinstance(value, kinds) and not isinstance(value, bool)):
+        return value
+    what = " or ".join(k.__name__ for k in kinds)
+    raise RunDirUnreadable(f"{path}: {key}={json.dumps(value)}: not a {what}")
+
+
 def _last_checkpoint(run_dir: Path) -> str | None:
     folder = run_dir / "checkpoints"
     committed = sorted(p for p in folder.glob("step-*") if (p / "manifest.json").is_file())
@@ -118,6 +139,48 @@ def _last_checkpoint(run_dir: Path) -> str | None:
 def slurm_state(job_id: str) -> str | None:
     """Slurm's state of a job (None when Slurm cannot be asked)."""
     return slurm_cli.state_word(job_id)
+
+
+def lock_holder_died(run_dir: Path) -> bool:
+    """Whether RUN/.lock names a local holder ({pid, host, slurm_job_id}) on this host whose
+    kernel flock is gone: the process that wrote into the run dir (and every rank, which
+    inherit the lock) ended without a summary. Read from /proc/locks, which lists every
+    flock with its file's device and inode, so that asking takes no lock; without it, from
+    whether the recorded pid lives. False whenever it cannot be told (another host, a Slurm
+    job, no lock file)."""
+    path = run_dir / ".lock"
+    try:
+        record = json.loads(path.read_text())
+        st = path.stat()
+    except (OSError, ValueError):
+        return False
+    if not isinstance(record, dict) or record.get("slurm_job_id"):
+        return False  # a Slurm job holds its run dir: Slurm says whether it lives
+    if record.get("host") != socket.gethostname():
+        return False  # a flock is seen on its own host only
+    try:
+        with open("/proc/locks") as f:
+            locks = f.read()
+    except OSError:
+        pid = record.get("pid")
+        return isinstance(pid, int) and not isinstance(pid, bool) and not _pid_alive(pid)
+    # "1: FLOCK  ADVISORY  WRITE 4242 00:2d:5678 0 EOF": the inode is enough (a match on
+    # another device only keeps the run "running", as before this check).
+    inode = f":{st.st_ino}"
+    return not any(
+        fields[1:2] == ["FLOCK"] and len(fields) > 5 and fields[5].endswith(inode)
+        for fields in (line.split() for line in locks.splitlines())
+    )
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
 
 
 def _state(summary: dict | None, run_dir: Path, slurm: str | None, restarts: int) -> str:
@@ -135,6 +198,8 @@ def _state(summary: dict | None, run_dir: Path, slurm: str | None, restarts: int
         if slurm == "PREEMPTED":
             return "preempted"
         return "failed" if slurm != "COMPLETED" else "completed"
+    if lock_holder_died(run_dir):
+        return "dead"
     return "running" if (run_dir / "metrics").is_dir() else "unknown"
 
 
@@ -142,7 +207,8 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
     """Everything `toolkit status` and `toolkit runs` show about one run directory; raises
     RunDirUnreadable naming the file when one of its records is damaged."""
     run_dir = run_dir.resolve()
-    summary = _json_object(run_dir / "summary.json")
+    summary_path, metrics_path = run_dir / "summary.json", run_dir / "metrics" / "rank0.jsonl"
+    summary = _json_object(summary_path)
     try:
         launch = OmegaConf.to_container(OmegaConf.load(run_dir / "launch.yaml"))
         config = OmegaConf.load(run_dir / "config.yaml")
@@ -154,7 +220,7 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
         raise RunDirUnreadable(
             f"{run_dir}: config.yaml or launch.yaml unreadable ({exc})"
         ) from None
-    last = last_record(run_dir / "metrics" / "rank0.jsonl")
+    last = last_record(metrics_path)
     events = _jsonl(run_dir / "metrics" / "events-rank0.jsonl")
     restarts = sum(1 for e in events if isinstance(e, dict) and e.get("name") == "restart")
     job_id = None
@@ -174,17 +240,89 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
     )
     if last is not None:
         info.steps = last["step"]
-        info.loss = last.get("loss")
-        info.tokens_per_s = last.get("tokens_per_s")
+        info.loss = typed(last, "loss", NUMBER, metrics_path)
+        info.tokens_per_s = typed(last, "tokens_per_s", NUMBER, metrics_path)
+        info.samples_per_s = typed(last, "samples_per_s", NUMBER, metrics_path)
+        info.mfu = typed(last, "mfu", NUMBER, metrics_path)
     if summary is not None:
-        info.steps = summary.get("steps", info.steps)
-        info.loss = summary.get("final_loss", info.loss)
-        info.tokens_per_s = summary.get("median_tokens_per_s", info.tokens_per_s)
-        info.stop_reason = summary.get("stop_reason")
-        info.exit_code = summary.get("exit_code")
+        if "steps" in summary:
+            info.steps = typed(summary, "steps", (int,), summary_path)
+        for field_name, key in (
+            ("loss", "final_loss"),
+            ("tokens_per_s", "median_tokens_per_s"),
+            ("samples_per_s", "median_samples_per_s"),
+            ("mfu", "median_mfu"),
+        ):
+            if key in summary:
+                setattr(info, field_name, typed(summary, key, NUMBER, summary_path))
+        info.stop_reason = typed(summary, "stop_reason", (str,), summary_path)
+        info.exit_code = typed(summary, "exit_code", (int,), summary_path)
+    info.unit = throughput_unit(run_dir, summary, summary_path)
     info.files = written_files(run_dir)
     info.trackers = tracker_links(run_dir)
     return info
+
+
+def _member_settings(path: Path) -> list[str]:
+    """A member's own settings (member.json) as key=value, as its run's overrides."""
+    record = _json_object(path) or {}
+    keys = ("seed", "lr", "weight_decay", "warmup_steps", "dropout")
+    return [f"{k}={record[k]}" for k in keys if record.get(k) is not None]
+
+
+def read_members(run: RunInfo) -> list[RunInfo]:
+    """An ensemble's members (trainer.ensemble; RUN/members/<name>/), each listed like a run
+    from its own files: its steps, loss and summary, the run's state and attempts. A member
+    dropped for a non-finite loss is failed, its stop reason naming the step."""
+    folder = Path(run.run_dir) / "members"
+    if not folder.is_dir():
+        return []
+    infos = []
+    for member in sorted(p for p in folder.iterdir() if (p / "member.json").is_file()):
+        summary = _json_object(member / "summary.json")
+        last = last_record(member / "metrics" / "rank0.jsonl")
+        info = RunInfo(
+            run_dir=str(member),
+            state=run.state,
+            total_steps=run.total_steps,
+            attempts=run.attempts,
+            job_id=run.job_id,
+            slurm_state=run.slurm_state,
+            last_checkpoint=run.last_checkpoint,
+            overrides=[f"member={member.name}", *_member_settings(member / "member.json")],
+        )
+        info.unit = run.unit
+        metrics, summary_path = member / "metrics" / "rank0.jsonl", member / "summary.json"
+        if last is not None:
+            info.steps, info.loss = last["step"], typed(last, "loss", NUMBER, metrics)
+            info.tokens_per_s = typed(last, "tokens_per_s", NUMBER, metrics)
+            info.samples_per_s = typed(last, "samples_per_s", NUMBER, metrics)
+        if summary is not None:
+            if "final_loss" in summary:
+                info.loss = typed(summary, "final_loss", NUMBER, summary_path)
+            info.stop_reason = typed(summary, "stop_reason", (str,), summary_path)
+            info.exit_code = typed(summary, "exit_code", (int,), summary_path)
+            dropped = typed(summary, "dropped_at_step", (int,), summary_path)
+            if dropped is not None:
+                info.state = "failed"
+                info.stop_reason = f"dropped at step {dropped}: non-finite loss or grad norm"
+        infos.append(info)
+    return infos
+
+
+def throughput_unit(run_dir: Path, summary: dict | None, summary_path: Path) -> str:
+    """The model's unit: RUN/model.json's (recorded at the run's start), else the summary's
+    `throughput_unit`, else tokens (an older run of a token model)."""
+    try:
+        recorded = read_run_model(run_dir)
+    except RunModelUnreadable as exc:
+        raise RunDirUnreadable(str(exc)) from None
+    if recorded is not None:
+        return recorded.unit
+    unit = typed(summary or {}, "throughput_unit", (str,), summary_path)
+    if unit is not None and unit not in UNITS:
+        raise RunDirUnreadable(f"{summary_path}: throughput_unit={unit!r}: not one of {UNITS}")
+    return unit or "tokens"
 
 
 @functools.cache
@@ -231,6 +369,7 @@ def written_files(run_dir: Path) -> dict[str, str]:
         "config": "config.yaml",
         "launch": "launch.yaml",
         "summary": "summary.json",
+        "model": "model.json",
         "environment": "env.json",
         "metrics": "metrics/rank0.jsonl",
         "events": "metrics/events-rank0.jsonl",

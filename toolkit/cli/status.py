@@ -8,11 +8,36 @@ import sys
 from pathlib import Path
 
 from toolkit import slurm_cli
-from toolkit.cli.rundir import RunDirUnreadable, RunInfo, find_runs, is_run_dir, read_run
+from toolkit.cli.rundir import (
+    RunDirUnreadable,
+    RunInfo,
+    find_runs,
+    is_run_dir,
+    read_members,
+    read_run,
+)
 
 
 def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
+
+
+DEAD_WHY = (
+    " (the process that held RUN/.lock ended without a summary: nothing runs there; "
+    "a relaunch into the run dir resumes from its last checkpoint)"
+)
+
+
+def rate(info: RunInfo) -> str:
+    """The run's throughput in its model's unit: tokens/s for a token model, samples/s for
+    any other (RUN/model.json)."""
+    value = info.tokens_per_s if info.unit == "tokens" else info.samples_per_s
+    return "-" if value is None else f"{value:,.0f} {info.unit}/s"
+
+
+def mfu(info: RunInfo) -> str:
+    """MFU from the model's FLOPs per sample (analytic, or counted), as a percentage."""
+    return "-" if info.mfu is None else f"{100 * info.mfu:.2f}%"
 
 
 def run_dir_of_job(job_id: str) -> Path | None:
@@ -32,11 +57,14 @@ def format_status(info: RunInfo) -> str:
         + (
             f" (Slurm job {info.job_id}: {info.slurm_state or 'unknown to Slurm now'})"
             if info.job_id
+            else DEAD_WHY
+            if info.state == "dead"
             else ""
         ),
         f"step        {info.steps if info.steps is not None else '-'} / {info.total_steps or '-'}",
         f"loss        {_num(info.loss, '.4f')}",
-        f"tokens/s    {_num(info.tokens_per_s, ',.0f')}",
+        f"throughput  {rate(info)}",
+        f"MFU         {mfu(info)}",
         f"checkpoint  {info.last_checkpoint or '-'}",
         f"attempts    {info.attempts} ({info.attempts - 1} restart(s) from a checkpoint)",
     ]
@@ -69,15 +97,18 @@ def status(target: str, as_json: bool) -> int:
 
 
 def format_runs(infos: list[RunInfo]) -> str:
-    header = f"{'state':<10} {'steps':>11} {'loss':>8} {'tokens/s':>10}  {'run dir':<40} overrides"
+    header = (
+        f"{'state':<10} {'steps':>11} {'loss':>8} {'throughput':>18} {'MFU':>7}  "
+        f"{'run dir':<40} overrides"
+    )
     rows = [header]
     for i in infos:
         steps = f"{i.steps if i.steps is not None else '-'}/{i.total_steps or '-'}"
         rows.append(
-            f"{i.state:<10} {steps:>11} {_num(i.loss, '.4f'):>8} {_num(i.tokens_per_s, ',.0f'):>10}"
+            f"{i.state:<10} {steps:>11} {_num(i.loss, '.4f'):>8} {rate(i):>18} {mfu(i):>7}"
             f"  {i.run_dir:<40} {' '.join(i.overrides)}"
         )
-        rows += [f"{'':>44}{name}: {link}" for name, link in i.trackers.items()]
+        rows += [f"{'':>61}{name}: {link}" for name, link in i.trackers.items()]
     return "\n".join(rows)
 
 
@@ -89,7 +120,8 @@ def runs(root: str, as_json: bool) -> int:
     infos = []
     for run_dir in find_runs(path):  # one damaged run dir is named, the others still listed
         try:
-            infos.append(read_run(run_dir))
+            info = read_run(run_dir)
+            infos += [info, *read_members(info)]  # an ensemble's members, each like a run
         except RunDirUnreadable as exc:
             print(f"warning: skipped {run_dir}: {exc}", file=sys.stderr)
     if as_json:

@@ -58,6 +58,7 @@ def problems(job: JobConfig, runtime_checks: Sequence[RuntimeCheck] = ()) -> lis
         mesh = parallel.mesh_shape(job.parallel, world)
         # The batch is split over the data-parallel ranks only (tp and pp peers share theirs).
         found += trainer.problems(job.trainer, mesh.dp if not isinstance(mesh, str) else world)
+        found += trainer.ensemble_problems(job.trainer, job.parallel, job.optim)
         found += parallel.problems(
             job.parallel, world, job.model, job.trainer.grad_accum, job.data.seq_len
         )

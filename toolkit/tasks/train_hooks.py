@@ -86,6 +86,13 @@ def telemetry_sink_of(sinks: list[Sink]) -> TelemetrySink | None:
     return next((s for s in sinks if isinstance(s, TelemetrySink)), None)
 
 
+def tracker_sinks_of(sinks: list[Sink]) -> list[Sink]:
+    """The trackers (TensorBoard, MLflow, W&B) among the trainer's sinks."""
+    from toolkit.tracking.base import TrackerSink
+
+    return [s for s in sinks if isinstance(s, TrackerSink)]
+
+
 def heartbeat_of(sinks: list[Sink]) -> Heartbeat | None:
     """This rank's heartbeat, when its telemetry sink has one (the watchdog is on)."""
     telemetry = telemetry_sink_of(sinks)

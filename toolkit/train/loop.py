@@ -66,6 +66,7 @@ class Trainer:
         self.scheduler = learning.scheduler
         self.strategy = learning.strategy
         self.grad_clip = learning.grad_clip
+        self.members = learning.members  # an ensemble's (trainer.ensemble > 1), else None
         self.loader = data.train
         self.val_loader = data.val
         self.eval_metric = data.eval_metric
@@ -94,6 +95,8 @@ class Trainer:
         plan = self.loader.plan
         self.tokens_per_step = plan.global_batch_size * plan.seq_len
         self.samples_per_step = plan.global_batch_size
+        # Each sample goes through every member: K models' FLOPs per sample for MFU.
+        self.num_models = len(self.members.members) if self.members is not None else 1
 
     # -- what hooks see (toolkit.hooks.TrainerView) -------------------------------------
     @property
@@ -119,6 +122,7 @@ class Trainer:
             "global_batch_size": self.loader.plan.global_batch_size,
             "micro_batch_size": self.loader.plan.micro_batch_size,
             "grad_accum": self.loader.plan.grad_accum,
+            **({"members": self.members.state_dict()} if self.members is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -128,6 +132,8 @@ class Trainer:
         self.state.tokens_seen = int(state["tokens_seen"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.loader.load_state_dict(state["loader"])
+        if self.members is not None and "members" in state:
+            self.members.load_state_dict(state["members"])
         saved = state.get("global_batch_size")
         if saved is not None and self.cfg.global_batch_size is None:
             self.use_global_batch(int(saved))
@@ -184,32 +190,39 @@ class Trainer:
         # last pipeline stage) add 0: the mean divides by the ranks that hold one. It comes
         # before the optimizer step so that a NaN/inf loss or grad norm (the norm is global
         # already) on any rank is never applied to the weights: no extra sync for the guard.
+        # An ensemble's losses and norms hold one value per member: K of each, then votes.
         votes = [self._time_up()] + [v for hook in self.hooks for v in hook.votes(self)]
-        norm_ok = torch.isfinite(torch.as_tensor(grad_norm)).to(self.device)
-        nonfinite = ~(torch.isfinite(loss_sum.detach()) & norm_ok)
+        losses = loss_sum.detach().reshape(-1)
+        norms = torch.as_tensor(grad_norm).reshape(-1)
+        nonfinite = ~(torch.isfinite(losses) & torch.isfinite(norms).to(self.device))
+        k = losses.numel()
         self.watch.before_all_reduce(self.state.step)
         summed = torch.cat(
-            [
-                loss_sum.view(1),
-                nonfinite.view(1).to(loss_sum.dtype),
-                torch.tensor(votes, device=self.device),
-            ]
+            [losses, nonfinite.to(losses.dtype), torch.tensor(votes, device=self.device)]
         )
         dist.all_reduce(summed, op=dist.ReduceOp.SUM)
         values = summed.tolist()
         t_reduced = time.perf_counter()
-        self.nonfinite = values[1] > 0
+        step_losses = [v / self.strategy.loss_ranks for v in values[:k]]
+        step_norms = norms.tolist()
+        bad = [v > 0 for v in values[k : 2 * k]]
+        loss, norm = step_losses[0], step_norms[0]
+        self.nonfinite = bad[0]
+        if self.members is not None:  # a member that went non-finite is dropped here
+            self.members.observe(step_losses, step_norms, bad, self.state.step + 1)
+            loss, norm = self.members.live_mean(step_losses), self.members.live_mean(step_norms)
+            self.nonfinite = self.members.num_alive == 0  # the run's guard: none left
         if not self.nonfinite:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         t_opt = time.perf_counter()
         return StepTiming(
-            loss=values[0] / self.strategy.loss_ranks,
-            grad_norm=float(grad_norm),
+            loss=loss,
+            grad_norm=norm,
             forward_backward_s=t1 - t0,
             optimizer_s=t_opt - t1,
-            votes=values[2:],
+            votes=values[2 * k :],
             compute_s=t_clip - t0,
             checkpoint_stall_s=t_hooks - t_clip,
             optimizer_step_s=t_opt - t_reduced,
@@ -226,26 +239,32 @@ class Trainer:
             return None
         self.model.eval()
         plan = self.val_loader.plan
-        total = torch.zeros(3, device=self.device, dtype=torch.float64)  # loss, metric, count
+        # metric, count, then the loss (an ensemble's: one per member)
+        k = len(self.members.members) if self.members is not None else 1
+        total = torch.zeros(2 + k, device=self.device, dtype=torch.float64)
         for i in range(self.cfg.eval_batches):
             for batch in self.val_loader.batch(i):
                 want = self.eval_metric is not None
                 loss, preds, targets = self.strategy.eval_batch(batch, want)
                 if loss is None:  # not the last pipeline stage: nothing to add
                     continue
-                total[0] += loss.double()
+                total[2:] += loss.detach().double().reshape(-1)
                 if preds is not None and targets is not None and self.eval_metric is not None:
                     metric, count = self.eval_metric(preds, targets)
-                    total[1] += metric
-                    total[2] += count
+                    total[0] += metric
+                    total[1] += count
         self.model.train()
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
-        if self.eval_metric is not None and total[2] > 0:
-            self.val_metrics["val_ic"] = float(total[1] / total[2])
+        if self.eval_metric is not None and total[1] > 0:
+            self.val_metrics["val_ic"] = float(total[0] / total[1])
         for hook in self.hooks:  # e.g. a user's callback (trainer.callbacks)
             self.val_metrics.update(hook.eval_metrics(self))
         batches = self.strategy.loss_ranks * self.cfg.eval_batches * plan.grad_accum
-        return total[0].item() / batches
+        val_losses = [v / batches for v in total[2:].tolist()]
+        if self.members is None:
+            return val_losses[0]
+        self.members.write_eval(self.state.step, val_losses)
+        return self.members.live_mean(val_losses)
 
     # -- the loop ----------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -265,7 +284,8 @@ class Trainer:
                 data_wait = time.perf_counter() - t_wait
                 self._beat("step")
                 self.watch.step_starts(self.state.step)
-                lr = self.scheduler.get_last_lr()[0]
+                lrs = self.scheduler.get_last_lr()  # an ensemble's: one per member
+                lr = lrs[0]
                 timing = self.train_step(micro_batches)
                 step_time = time.perf_counter() - t_wait
                 self._count_flops_once(micro_batches)  # outside the step's own time
@@ -274,6 +294,8 @@ class Trainer:
                 self.losses.append(loss)
                 self.records.append(record)
                 self.sink.write_step(record)
+                if self.members is not None:
+                    self.members.write_step(record, lrs)
                 if self.nonfinite:
                     stop = self.nonfinite_guard.after_step(self, loss, grad_norm, micro_batches)
                     if stop is not None:  # no hook sees this step: nothing is saved from it
@@ -338,7 +360,12 @@ class Trainer:
             tokens=self.tokens_per_step,
             tokens_per_s=self.tokens_per_step / step_time,
             samples_per_s=samples_per_s,
-            mfu=mfu(samples_per_s, self.flops_per_sample, self.peak_flops, self.world_size),
+            mfu=mfu(
+                samples_per_s * self.num_models,
+                self.flops_per_sample,
+                self.peak_flops,
+                self.world_size,
+            ),
             mem_peak_bytes=peak_memory_bytes(self.device),
             rank=self.rank,
             **self.watch.breakdown(timing, step_time, data_wait),

@@ -21,6 +21,7 @@ from toolkit.config.fault import FaultConfig
 from toolkit.data.loader import Loader
 from toolkit.distributed.commtime import CommTimer
 from toolkit.events import Sink
+from toolkit.train.ensemble_members import Members
 from toolkit.train.steps import StepStrategy
 
 
@@ -39,6 +40,9 @@ class Learning:
     # accumulation loop, or a pipeline schedule (toolkit.train.pipeline).
     strategy: StepStrategy
     grad_clip: float = 1.0
+    # trainer.ensemble > 1: the members' bookkeeping (toolkit.train.ensemble_members); the
+    # strategy's losses and grad norms are then [K] tensors, one value per member.
+    members: Members | None = None
 
 
 @dataclass(frozen=True)
