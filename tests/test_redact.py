@@ -127,3 +127,55 @@ def test_a_run_records_no_secret_outside_its_private_config(tiny, tmp_path):
         assert secret not in result.stdout + result.stderr
     assert stat.S_IMODE(os.stat(run_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(run_dir / "config.yaml").st_mode) == 0o600
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("python t.py --token sekrit1 --lr 3", f"python t.py --token {REDACTED} --lr 3"),
+        ("python t.py --password 'a b' --lr 3", f"python t.py --password '{REDACTED}' --lr 3"),
+        ("script.args=[--api-key,sekrit1,--lr,3]", f"script.args=[--api-key,{REDACTED},--lr,3]"),
+        ("['--token', 'sekrit1']", f"['--token', '{REDACTED}']"),
+        ("args:\n- --token\n- sekrit 1\n- --lr\n", f"args:\n- --token\n- {REDACTED}\n- --lr\n"),
+        ("--api-key=sekrit1", f"--api-key={REDACTED}"),
+        ("--token --lr 3 --tokens 5 --max-tokens 7", "--token --lr 3 --tokens 5 --max-tokens 7"),
+    ],
+)
+def test_the_value_after_a_secret_flag_is_redacted_in_any_text(text, shown):
+    assert redact_text(text) == shown
+
+
+def test_an_argument_list_loses_the_value_after_a_secret_flag():
+    args = ["--token", "sekrit1", "--password", "--lr", "3", "--api-key=k", "--tag", "x"]
+    assert redact(args) == [
+        "--token", REDACTED, "--password", "--lr", "3", f"--api-key={REDACTED}", "--tag", "x"
+    ]  # fmt: skip
+    assert redact({"script": {"args": ("--api-key", "sekrit1")}}) == {
+        "script": {"args": ["--api-key", REDACTED]}
+    }
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_secrets_in_script_args_reach_the_script_and_no_record(tmp_path):
+    """`--token VALUE` and `--api-key VALUE`: the script gets both; the console, launch.yaml,
+    the node telemetry, TensorBoard and mlflow.db do not (config.yaml keeps them for the
+    ranks, as it does every value the job runs with)."""
+    run_dir = tmp_path / "run"
+    script = Path(__file__).parent / "fixtures" / "scripts" / "secret_args.py"
+    result = launch(
+        f"script.path={script}",
+        "script.args=[--token,sekrit654,--api-key,sekrit987]",
+        "cluster.tasks_per_node=1",
+        "tracking=[tensorboard,mlflow]",
+        f"hydra.run.dir={run_dir}",
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "received 456tirkes 789tirkes" in result.stdout  # the script got both as given
+    recorded = {p.name for p in run_dir.rglob("*")}
+    assert {"launch.yaml", "env.json", "mlflow.db"} <= recorded, recorded
+    assert any(n.endswith(".h5") for n in recorded) and any("tfevents" in n for n in recorded)
+    for secret in ("sekrit654", "sekrit987"):
+        assert files_holding(run_dir, secret) == ["config.yaml"]
+        assert secret not in result.stdout + result.stderr

@@ -5,7 +5,9 @@ PASSWORD, PASSWD or CREDENTIAL(S) (`MY_API_TOKEN`, `AWS_SECRET_ACCESS_KEY`, `API
 its last part is PAT or AUTH (`GH_PAT`, `REGISTRY_AUTH`); `tokens_per_s` or `SSH_AUTH_SOCK`
 are not. Values named so are replaced by REDACTED; in any other text, `NAME=value` and
 `NAME: value` with a secret NAME lose their value, and a URL's password its password
-(`https://u:pw@host` -> `https://u:***@host`). An environment keeps values only for an
+(`https://u:pw@host` -> `https://u:***@host`). The value after a flag with such a name
+(`--token VAL`, `--api-key VAL`, `--password VAL`) is redacted in argument lists and text
+(a script's `script.args`; the script itself gets them as given). An environment keeps values only for an
 allow-list of families that say how the job ran (`redact_env`: SLURM_, CUDA_, NCCL_, TORCH_,
 OMP_, PYTHON..., the host and user names; ENV_VALUE_PREFIXES, ENV_VALUE_NAMES), the other
 variables by name only.
@@ -31,6 +33,24 @@ _ASSIGNMENT = re.compile(
     r"(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s,'\"}\]]+)"
 )
 
+# A command-line flag with a secret name and its value as the next argument (`--token VAL`),
+# in text: a shell line, a Hydra list (`script.args=[--api-key,VAL]`), YAML (`- --token`
+# then `- VAL`), JSON or a Python list. (`--token=VAL` is an assignment, above.)
+_FLAG = re.compile(r"--?(?P<name>[A-Za-z][A-Za-z0-9_-]*)")
+_FLAG_AND_VALUE = re.compile(
+    r"(?<![\w-])(?P<flag>--?[A-Za-z][A-Za-z0-9_-]*)(?:"
+    # YAML's block list: the value is the rest of the next item's line
+    r"(?P<item>[\"']?[ \t]*\n[ \t]*-[ \t]+)(?P<line>[^\n]*[^\s])"
+    # else a space or a comma, then one word or a quoted string
+    r"|(?P<sep>[\"']?(?:[ \t]*,[ \t]*|[ \t]+))(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s,'\"\]}-][^\s,'\"\]}]*))"
+)
+
+
+def is_secret_flag(arg: str) -> bool:
+    """`--token`, `--api-key`, `-password`: a flag whose value (the next argument) is secret."""
+    m = _FLAG.fullmatch(arg.strip())
+    return m is not None and is_secret_name(m["name"])
+
 
 def is_secret_name(name: str) -> bool:
     parts = [p for p in re.split(r"[_.\-]", name) if p]
@@ -49,8 +69,16 @@ def redact_text(text: str) -> str:
             return m[0]
         return f"{m['name']}{m['sep']}{REDACTED}"
 
+    def flag(m: re.Match[str]) -> str:
+        value = m["line"] if m["item"] is not None else m["value"]
+        if not is_secret_flag(m["flag"]) or REDACTED in value or value.strip("'\"")[:1] == "-":
+            return m[0]
+        quote = value[0] if value[0] in "'\"" and value[-1] == value[0] else ""
+        hidden = f"{quote}{REDACTED}{quote}"
+        return f"{m['flag']}{m['item'] or m['sep']}{hidden}"
+
     text = _URL_PASSWORD.sub(r"\1:***@", text)
-    return _ASSIGNMENT.sub(assignment, text)
+    return _FLAG_AND_VALUE.sub(flag, _ASSIGNMENT.sub(assignment, text))
 
 
 def redact(value: Any) -> Any:
@@ -61,8 +89,13 @@ def redact(value: Any) -> Any:
             k: REDACTED if isinstance(k, str) and is_secret_name(k) and v else redact(v)
             for k, v in value.items()
         }
-    if isinstance(value, (list, tuple)):
-        return [redact(v) for v in value]
+    if isinstance(value, (list, tuple)):  # an argument list: `--token VAL` loses VAL
+        out = []
+        for i, v in enumerate(value):
+            after_flag = i > 0 and isinstance(value[i - 1], str) and is_secret_flag(value[i - 1])
+            hide = after_flag and v and not (isinstance(v, str) and v.startswith("-"))
+            out.append(REDACTED if hide else redact(v))
+        return out
     if isinstance(value, str):
         return redact_text(value)
     return value

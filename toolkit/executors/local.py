@@ -24,7 +24,7 @@ from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root, rundir_lock
 from toolkit.executors.rank_start import Rank, RankServer, use_fork
 from toolkit.fault.hang import hang_summaries
-from toolkit.redact import redact
+from toolkit.redact import redact, redact_text
 
 POLL_S = 0.1
 
@@ -139,7 +139,7 @@ class LocalExecutor:
         n = tasks_per_node(run.job.cluster)
         said = f"would start {n} local ranks: {sys.executable} -m toolkit.entrypoint {run.run_dir}"
         if run.job.script.enabled:
-            said += f"\n  each running {run.job.script.command_line()}"
+            said += f"\n  each running {redact_text(run.job.script.command_line())}"
         return said
 
     def detach(self, run: PreparedRun) -> int:

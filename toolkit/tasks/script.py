@@ -38,6 +38,7 @@ from toolkit.errors import EXIT_PREEMPTED
 from toolkit.executors.preemption import signal_number, slurm_job_id
 from toolkit.executors.requeue import RequeuePolicy
 from toolkit.files import write_private
+from toolkit.redact import redact_text
 from toolkit.session import BEAT, ENV, REQUEST, SessionSpec
 from toolkit.slurm_cli import requeue
 from toolkit.telemetry.schema import node_name
@@ -157,7 +158,7 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
         (run_dir / REQUEST).unlink(missing_ok=True)
     child_env = os.environ | torchrun_env(env) | {ENV: spec.to_env(), "PYTHONUNBUFFERED": "1"}
     cmd = command(job, run_dir)
-    log.info("rank %d runs %s", env.rank, job.script.command_line())
+    log.info("rank %d runs %s", env.rank, redact_text(job.script.command_line()))
     received: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in signals}
     proc = subprocess.Popen(
