@@ -83,7 +83,8 @@ def test_runs_lists_completed_failed_and_preempted(runs_root, preempted, tmp_pat
         f"step-{by_name['preempted']['steps']:08d}"
     )
     table = toolkit(tmp_path, "runs", str(runs_root)).stdout
-    assert table.splitlines()[0].split()[:4] == ["state", "steps", "loss", "tokens/s"]
+    assert table.splitlines()[0].split()[:5] == ["state", "steps", "loss", "throughput", "MFU"]
+    assert " tokens/s " in table.splitlines()[1]  # gpt_tiny: a token model
     assert len(table.splitlines()) == 4
 
 

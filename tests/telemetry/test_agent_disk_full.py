@@ -21,6 +21,7 @@ from toolkit.config.telemetry import ReportConfig, TelemetryConfig
 from toolkit.telemetry.agent import Agent
 from toolkit.telemetry.read import load_node
 from toolkit.telemetry.report.build import build_report
+from toolkit.telemetry.report.verdict import summary_lines
 from toolkit.telemetry.sink import TelemetrySink
 from toolkit.telemetry.spec import AgentSpec
 from toolkit.telemetry.transport import Receiver, socket_path
@@ -92,3 +93,11 @@ def test_rows_that_cannot_be_written_are_said_in_one_line_and_named_in_the_file(
     assert int(missing.group(1)) + written == step  # every record sent: written or named
     report = build_report(tmp_path, None, ReportConfig(sacct=False, plots=False, export=False))
     assert report.absent["steps"] == f"{why} (e.g. testnode)"
+    # No step record was written: the report's first line says the disk filled, not "was
+    # the node agent killed?"
+    assert written == 0
+    assert summary_lines(report.verdict)[0] == (
+        "dominant cost: not measured: disk full: the node agent could not write the step "
+        f"records ({why} (e.g. testnode)); free space under RUN_DIR/telemetry or set "
+        "telemetry=off"
+    )

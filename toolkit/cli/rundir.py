@@ -7,6 +7,7 @@ of a job that has not ended by the files' account.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -18,13 +19,15 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from toolkit import slurm_cli
-from toolkit.errors import EXIT_PREEMPTED
+from toolkit.errors import EXIT_HANG, EXIT_PREEMPTED
+from toolkit.fault.hang import hang_summaries
 from toolkit.runmodel import UNITS, RunModelUnreadable, read_run_model
 from toolkit.tracking.build import tracker_links
 
 # dead: no summary, no error file, and the process that held the run dir's lock is gone
 # (a killed launcher): nothing runs there any more.
-STATES = ("running", "completed", "failed", "preempted", "requeued", "dead", "unknown")
+# hung: the hang watchdog ended it (exit 79), its hang summary newer than any step record.
+STATES = ("running", "completed", "failed", "preempted", "requeued", "dead", "hung", "unknown")
 
 
 @dataclass
@@ -126,8 +129,8 @@ def typed(record: dict, key: str, kinds: tuple[type, ...], path: Path) -> Any:
     value = record.get(key)
     if value is None or (isinstance(value, kinds) and not isinstance(value, bool)):
         return value
-    what = " or ".join(k.__name__ for k in kinds)
-    raise RunDirUnreadable(f"{path}: {key}={json.dumps(value)}: not a {what}")
+    what = {NUMBER: "a number", (int,): "a whole number", (str,): "a string"}.get(kinds, "valid")
+    raise RunDirUnreadable(f"{path}: {key}={json.dumps(value)}: not {what}")
 
 
 def _last_checkpoint(run_dir: Path) -> str | None:
@@ -203,6 +206,19 @@ def _state(summary: dict | None, run_dir: Path, slurm: str | None, restarts: int
     return "running" if (run_dir / "metrics").is_dir() else "unknown"
 
 
+def last_hang(run_dir: Path, metrics_path: Path) -> dict | None:
+    """The newest hang summary of the run (toolkit.fault.hang), unless a step was recorded
+    after it (a requeued attempt that went on is not hung)."""
+    found = hang_summaries(run_dir)
+    if not found:
+        return None
+    path, summary = found[-1]
+    with contextlib.suppress(OSError):
+        if metrics_path.stat().st_mtime > path.stat().st_mtime + 1.0:
+            return None
+    return summary
+
+
 def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
     """Everything `toolkit status` and `toolkit runs` show about one run directory; raises
     RunDirUnreadable naming the file when one of its records is damaged."""
@@ -257,6 +273,12 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
                 setattr(info, field_name, typed(summary, key, NUMBER, summary_path))
         info.stop_reason = typed(summary, "stop_reason", (str,), summary_path)
         info.exit_code = typed(summary, "exit_code", (int,), summary_path)
+    # Ended by the hang watchdog (exit 79): no summary of its own, and a "running" that
+    # Slurm does not confirm is a local run whose ranks the watchdog ended.
+    ended = info.state in ("dead", "failed", "unknown") or (info.state, slurm) == ("running", None)
+    hang = last_hang(run_dir, metrics_path) if ended and summary is None else None
+    if hang is not None:
+        info.state, info.stop_reason, info.exit_code = "hung", hang["message"], EXIT_HANG
     info.unit = throughput_unit(run_dir, summary, summary_path)
     info.files = written_files(run_dir)
     info.trackers = tracker_links(run_dir)

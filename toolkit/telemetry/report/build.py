@@ -16,7 +16,7 @@ from toolkit.telemetry.report.analysis import Attribution
 from toolkit.telemetry.report.gpustats import GpuStats, gpu_stats
 from toolkit.telemetry.report.record import Report
 from toolkit.telemetry.report.scaled import Scaled, load_scaled
-from toolkit.telemetry.report.verdict import Verdict, diagnose
+from toolkit.telemetry.report.verdict import Verdict, diagnose, unmeasured_why
 
 
 def read_layout(run_dir: Path) -> dict[str, Any]:
@@ -137,6 +137,8 @@ def analyse(
         report.idle_gaps = analysis.find_idle_gaps(series, events, cfg)
         report.attribution = analysis.attribute_time(series, events)
     report.verdict = _diagnose(run, series, report, cfg, scaled.terms if scaled else None)
+    if not report.verdict.measured:
+        report.verdict.unmeasured_why = unmeasured_why(report.absent)
     report.layout = read_layout(run.run_dir)
     report.profiles = [str(p) for p in export.profile_files(run.run_dir)]
     return report, series

@@ -47,6 +47,8 @@ class Verdict:
     findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     measured: bool = True  # False: no rank's step time reached the telemetry (nothing to split)
+    # Why nothing was measured when the node agent recorded it (e.g. a full disk); '' else.
+    unmeasured_why: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -311,10 +313,30 @@ def diagnose(
     return verdict
 
 
+# The node file's errors that mean its disk (or quota) is full (h5store.write_failure text).
+DISK_FULL_ERRORS = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def unmeasured_why(absent: dict[str, str]) -> str:
+    """Why no step record is in the node files when the node agent recorded it: rows it
+    could not write (the node file's `steps_absent_reason`, e.g. `partly: 40 rows not
+    written (No space left on device) (e.g. node1)`); '' when it recorded nothing."""
+    why = absent.get("steps", "")
+    if "rows not written" not in why:
+        return ""
+    full = any(error in why for error in DISK_FULL_ERRORS)
+    return (
+        f"{'disk full: ' if full else ''}the node agent could not write the step records "
+        f"({why}); free space under RUN_DIR/telemetry or set telemetry=off"
+    )
+
+
 def summary_lines(v: Verdict) -> list[str]:
     """The diagnosis as a few lines of text (terminal and HTML)."""
     if v.measured:
         lines = [f"dominant cost: {v.dominant} ({100 * v.dominant_share:.0f}% of the ranks' time)"]
+    elif v.unmeasured_why:  # the node agent said why: a full disk, a quota
+        lines = [f"dominant cost: not measured: {v.unmeasured_why}"]
     else:  # say that the data is missing, not "compute (0%)"
         lines = [
             "dominant cost: not measured: no step records reached the node telemetry (was "
