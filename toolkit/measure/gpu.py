@@ -273,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                 r["memory_ratio"] = measured / predicted if measured and predicted else None
                 r["telemetry_gpu_rows"] = gpu_telemetry_samples(Path(r["run_dir"]))
             report["runs"].append(r)
+    from toolkit.measure.gpu_data import data_step  # device-resident data (issue 45)
+
+    report["data"] = data_step(out / "data", device)
     report["plans"] = (
         {"skipped": "--no-plans"}
         if args.no_plans
@@ -294,10 +297,16 @@ def main(argv: list[str] | None = None) -> int:
         and report["telemetry"]["runs_with_samples"] == report["telemetry"]["runs"] > 0
         and all("tokens_per_s" in r for r in report["runs"])
         and plans_ok(report["plans"])
+        and report["data"]["ok"]
     )
     table = summary_table(report)
     table.caption = f"{'passed' if ok else 'FAILED'} in {report['seconds']:.0f} s; details: {out}"
     Console(width=160).print(table)
+    data = report["data"]
+    print(
+        f"{data['placement']}; equal to the host loader's batches: {data['bitwise_equal']}; "
+        f"samples/s (medians): {data.get('paths', {}).get('median_samples_per_s')}"
+    )
     return 0 if ok else 1
 
 
