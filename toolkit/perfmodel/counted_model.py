@@ -116,6 +116,8 @@ def predict_counted(model: CountedShape, layout: Layout, hw: HardwareConfig) -> 
         **{f"{k}_s": v for k, v in terms.items()},
         "attention_s": 0.0,
         "overhead_s": 0.0,
+        "optimizer_launch_s": 0.0,
+        "launches": 0.0,  # not counted: no launch floor (toolkit.perfmodel.small)
         "tp_communication_s": 0.0,
         "pipeline_p2p_s": 0.0,
         "pipeline_bubble_s": 0.0,

@@ -6,6 +6,7 @@ import warnings
 from dataclasses import replace
 from typing import Any
 
+from toolkit.config.errors import switch
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig
@@ -14,6 +15,7 @@ from toolkit.config.parallel import problems as parallel_problems
 from toolkit.config.shape import tasks_per_node, world_size
 from toolkit.perfmodel.counted_model import CountedShape
 from toolkit.perfmodel.model import Layout, Prediction, predict
+from toolkit.perfmodel.small import packed
 
 GRAD_SYNC_MODES = ("last", "every")  # what trainer.grad_sync=auto chooses between
 
@@ -51,6 +53,7 @@ def layout_from_job(job: JobConfig, world: int | None = None, counted: Any = Non
         kernels=getattr(job.model, "kernels", "torch"),
         optimizer=job.optim.name,
         reshard_between_micro_steps=trainer.reshard_between_micro_steps,
+        fused_optimizer=fused_optimizer(job),
     )
     if shape.pp > 1:  # torch's PipelineStage: reduce after the last micro-batch, keep gathered
         return replace(layout, grad_sync="last", reshard_between_micro_steps=False)
@@ -60,6 +63,16 @@ def layout_from_job(job: JobConfig, world: int | None = None, counted: Any = Non
     if not isinstance(model, TransformerConfig | CountedShape):
         return replace(layout, grad_sync="every")
     return replace(layout, grad_sync=grad_sync_choice(model, layout, job.hardware)[0])
+
+
+def fused_optimizer(job: JobConfig) -> bool:
+    """Whether AdamW's step runs fused (toolkit.train.optim.step_kernels): optim.fused=on, or
+    auto on a GPU preset (the ranks' device is CUDA), for the toolkit's AdamW."""
+    mode = switch(getattr(job.optim, "fused", "off"))
+    gpu = job.hardware.num_sms > 0
+    return getattr(job.optim, "name", None) == "adamw" and (
+        mode == "on" or (mode == "auto" and gpu)
+    )
 
 
 def grad_sync_choice(
@@ -128,7 +141,8 @@ def checkpoint_stall_s(job: JobConfig, state_bytes: float) -> float:
 
 
 def predict_job(job: JobConfig, world: int | None = None, counted: Any = None) -> Prediction:
-    """The prediction for a job as launched, the checkpoint stall included in the step. A
+    """The prediction for a job as launched, the checkpoint stall included in the step, K
+    members of trainer.ensemble packed in it (toolkit.perfmodel.small.packed). A
     model without the analytic terms (your own) needs `counted`: its CountedShape
     (toolkit.perfmodel.count_job.counted_shape counts it)."""
     model = counted if counted is not None else job.model
@@ -138,6 +152,7 @@ def predict_job(job: JobConfig, world: int | None = None, counted: Any = None) -
             "(toolkit.perfmodel.count_job.counted_shape)"
         )
     p = predict(model, layout_from_job(job, world, counted), job.hardware)
+    p = packed(p, job.trainer.ensemble)  # K members: one launch floor, K x the rest
     stall = checkpoint_stall_s(job, p.memory["params_bytes"] + p.memory["optimizer_bytes"])
     time = {**p.time, "checkpoint_stall_s": stall, "step_s": float(p.time["step_s"]) + stall}
     return replace(p, time=time)
@@ -153,7 +168,9 @@ def memory_problems(job: JobConfig, world: int) -> list[str]:
     one line naming the peak, the capacity and the largest term, before any rank starts to
     fail in the allocator. Models the memory model does not cover are not checked."""
     try:
-        p = predict(job.model, layout_from_job(job, world), job.hardware)
+        p = packed(
+            predict(job.model, layout_from_job(job, world), job.hardware), job.trainer.ensemble
+        )
     except Exception:  # noqa: BLE001 - no model of this job's memory: nothing to check
         return []
     if p.fits:

@@ -18,6 +18,8 @@ torch's foreach AdamW; docs/perfmodel.md writes each one out.
 
 from __future__ import annotations
 
+import math
+
 from toolkit.config.hardware import HardwareConfig
 from toolkit.config.model import TransformerConfig
 from toolkit.perfmodel.comm import DTYPE_BYTES
@@ -48,6 +50,11 @@ HEAD_FORWARD_OPS = 7
 ADAMW_WORDS_PER_PARAM = 22
 CLIP_WORDS_PER_PARAM = 3
 OPTIMIZER_FOREACH_OPS = 10 + 3  # the foreach calls of AdamW + clipping
+# optim.fused on CUDA: torch._fused_adamw_ is one multi-tensor kernel that reads param, grad,
+# exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq (7 words per parameter); the
+# clipping's foreach norm and mul stay.
+FUSED_OPTIMIZER_OPS = 1 + 3
+FUSED_ADAMW_WORDS_PER_PARAM = 7
 TENSORS_PER_BLOCK = 8  # norm1 w/b, qkv, proj, norm2 w/b, fc, proj
 ROOT_TENSORS = 5  # token and position embeddings, final norm w/b, head
 
@@ -219,15 +226,39 @@ def block_ops(recompute: bool) -> float:
     return BLOCK_FORWARD_OPS * (1 + BACKWARD_OPS_FACTOR + (1 if recompute else 0))
 
 
-def optimizer_bytes(local_params: float) -> float:
-    """Bytes foreach AdamW and clipping move over this rank's fp32 shard."""
-    return (ADAMW_WORDS_PER_PARAM + CLIP_WORDS_PER_PARAM) * FP32 * local_params
+def optimizer_bytes(local_params: float, fused: bool = False) -> float:
+    """Bytes foreach (or fused) AdamW and clipping move over this rank's fp32 shard."""
+    words = FUSED_ADAMW_WORDS_PER_PARAM if fused else ADAMW_WORDS_PER_PARAM
+    return (words + CLIP_WORDS_PER_PARAM) * FP32 * local_params
 
 
 def optimizer_ops(model: TransformerConfig) -> float:
     """Foreach kernels run one launch per tensor where no fused multi-tensor kernel exists
     (CPU); on GPU one launch covers many tensors, so this is an upper bound there."""
     return OPTIMIZER_FOREACH_OPS * (TENSORS_PER_BLOCK * model.num_layers + ROOT_TENSORS)
+
+
+# torch's multi-tensor apply on CUDA (aten/src/ATen/native/cuda/MultiTensorApply.cuh, CUDA 12
+# builds): one kernel launch takes at most depth_to_max_tensors = {110, 64, 48, 36, 30}
+# tensors for lists of depth 1..5 and 320 blocks of 65536 elements. AdamW's foreach ops
+# work on up to 4 lists: 36 tensors per launch.
+FOREACH_TENSORS_PER_LAUNCH = 36
+FOREACH_ELEMENTS_PER_LAUNCH = 320 * 65536
+
+
+def optimizer_launches(tensors: int, local_params: float, gpu: bool, fused: bool = False) -> float:
+    """Launches of clipping + AdamW per step: on CPU one per foreach op and tensor; on a GPU
+    one per op and chunk of tensors (multi-tensor apply), at least one per op; fused AdamW
+    is one op instead of ten."""
+    ops = FUSED_OPTIMIZER_OPS if fused else OPTIMIZER_FOREACH_OPS
+    if not gpu:
+        return ops * tensors
+    chunks = max(
+        math.ceil(tensors / FOREACH_TENSORS_PER_LAUNCH),
+        math.ceil(local_params / FOREACH_ELEMENTS_PER_LAUNCH),
+        1,
+    )
+    return ops * chunks
 
 
 def rank_speed(hw: HardwareConfig, ranks_per_node: int) -> float:

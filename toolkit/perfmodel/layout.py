@@ -35,6 +35,9 @@ class Layout:
     # each micro-step into the sharded gradient.
     grad_sync: str = "last"
     reshard_between_micro_steps: bool = True  # False: parameters stay gathered across them
+    # optim.fused resolved: AdamW's step as one fused kernel (torch._fused_adamw_) instead of
+    # ten foreach ops (toolkit.perfmodel.job.fused_optimizer)
+    fused_optimizer: bool = False
 
     @property
     def reductions(self) -> int:

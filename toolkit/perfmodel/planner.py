@@ -19,6 +19,7 @@ from toolkit.config.model import TransformerConfig, display_name, max_seq_len
 from toolkit.config.shape import global_batch_size, tasks_per_node, world_size
 from toolkit.perfmodel import Layout, Prediction, predict
 from toolkit.perfmodel.counted_model import CountedShape
+from toolkit.perfmodel.job import fused_optimizer
 
 MAX_TP = 8  # tensor parallelism beyond one NVLink domain of 8 GPUs is not worth enumerating
 MAX_PP = 16
@@ -236,6 +237,7 @@ def base_layout(job: JobConfig, seq_len: int | None = None) -> Layout:
         reduce_dtype=job.precision.reduce_dtype,
         kernels=getattr(job.model, "kernels", "torch"),
         optimizer=job.optim.name,
+        fused_optimizer=fused_optimizer(job),
     )
 
 

@@ -170,11 +170,15 @@ def stage_time(
         + EMBEDDING_TENSORS * stage.embedding
         + HEAD_TENSORS * stage.head
     )
+    fused = layout.fused_optimizer
+    optimizer_ops = kernels.optimizer_launches(tensors, local_params, hw.num_sms > 0, fused)
+    optimizer_launch_s = optimizer_ops * hw.optimizer_op_overhead_s * slowdown
     optimizer_s = (
-        kernels.optimizer_bytes(local_params) / (hw.memory_bandwidth * speed)
-        + kernels.OPTIMIZER_FOREACH_OPS * tensors * hw.optimizer_op_overhead_s * slowdown
+        kernels.optimizer_bytes(local_params, fused) / (hw.memory_bandwidth * speed)
+        + optimizer_launch_s
         + ct["small_allreduce_s"]
     )
+    ops_mb = sum(n * parts[part]["overhead"] for part, n in count.items()) / hw.op_overhead_s
     return {
         **{f"{k}_mb_s": v for k, v in per_mb.items()},
         "micro_batch_s": sum(per_mb.values()),
@@ -185,6 +189,9 @@ def stage_time(
         "first_allgather_s": ct["first_allgather_s"],
         "last_reduce_scatter_s": ct["last_reduce_scatter_s"],
         "optimizer_s": optimizer_s,
+        "optimizer_launch_s": optimizer_launch_s,
+        # Kernel launches (ops dispatched) per step: the micro-steps' and the optimizer's.
+        "launches": m * ops_mb + optimizer_ops if hw.op_overhead_s > 0 else 0.0,
         "small_allreduce_s": ct["small_allreduce_s"],
         "tp_bytes_mb": tp_c["bytes"] + tp_c["allreduce_bytes"],
         "tp_calls_mb": tp_c["calls"] + tp_c["allreduce_calls"],
@@ -240,6 +247,10 @@ def step_time(
         "first_allgather_s": t["first_allgather_s"],
         "last_reduce_scatter_s": t["last_reduce_scatter_s"],
         "small_allreduce_s": t["small_allreduce_s"],
+        # The launch floor's parts (toolkit.perfmodel.small): the optimizer's per-op cost
+        # inside the optimizer term, the launches behind the overhead term.
+        "optimizer_launch_s": t["optimizer_launch_s"],
+        "launches": t["launches"],
         "forward_backward_s": step_s - t["optimizer_s"],
         "data_wait_s": 0.0,
         "step_s": step_s,
