@@ -12,6 +12,7 @@ Bad input exits 2 before any rank starts, one line per problem.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -191,6 +192,11 @@ def pack_sweep(
     return out
 
 
+# Folders of the run dir that the ranks, the node agent or a tracker create when they need
+# them (logs/ and metrics/ the launcher creates itself).
+RANK_DIRS = ("checkpoints", "nccl", "telemetry", "tracking", "bench")
+
+
 def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = ()) -> None:
     """config.yaml is what every rank reads back and runs: it keeps every value, secrets
     included, and is private to the user (the run dir 0700, the file 0600). launch.yaml
@@ -199,6 +205,10 @@ def write_run_dir(run: PreparedRun, choices: dict, config_dirs: Sequence[str] = 
     run.run_dir.chmod(0o700)
     for sub in ("logs", "metrics"):  # a file in the way: one line here, not one per rank
         (run.run_dir / sub).mkdir(exist_ok=True)
+    for sub in RANK_DIRS:  # made by the ranks when needed: a file there fails here, once
+        path = run.run_dir / sub
+        if (path.is_symlink() or path.exists()) and not path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path))
     config = OmegaConf.create(job_to_dict(run.job))
     write_private(run.run_dir / "config.yaml", OmegaConf.to_yaml(config))
     dirs = sources.search_dirs(config_dirs)

@@ -39,6 +39,19 @@ def test_a_file_where_metrics_should_be_is_one_line(tmp_path):
     assert f"{run_dir / 'metrics'}: File exists" in line and "remove any file in the way" in line
 
 
+@pytest.mark.parametrize("sub", ["checkpoints", "nccl", "telemetry"])
+def test_a_file_where_a_folder_of_the_ranks_should_be_is_one_line_before_launch(tmp_path, sub):
+    """The ranks, the node agent or a tracker would each fail on it later, mid-run."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / sub).write_text("in the way")
+    done = launch(run_dir)
+    assert done.returncode == EXIT_CONFIG
+    line = one_line(done.stderr)
+    assert f"{run_dir / sub}: not a directory" in line and "remove any file in the way" in line
+    assert not (run_dir / "logs" / "rank0.log").exists()  # no rank started
+
+
 @pytest.mark.slow
 def test_resume_from_a_file_is_one_line(tmp_path):
     done = launch(tmp_path / "run", "checkpoint.enabled=true", "checkpoint.resume_from=/etc/passwd")
