@@ -121,6 +121,42 @@ def test_prepare_refuses_an_infinite_value_in_one_line(tmp_path, capsys) -> None
     assert read_manifest(out).shape == [40, 3, 2]
 
 
+@pytest.mark.parametrize(
+    ("rows", "says"),
+    [
+        ("1,A,0.1\n1,,0.2\n2,A,0.3\n", "1 row(s) with no 'instrument' (null or empty), the first is data row 2"),
+        ("1,A,0.1\n,B,0.2\n,A,0.3\n", "2 row(s) with no 'time' (null or empty), the first is data row 2"),
+    ],
+)  # fmt: skip
+def test_prepare_refuses_a_row_without_its_time_or_instrument_in_one_line(
+    tmp_path, capsys, rows, says
+) -> None:
+    (tmp_path / "src.csv").write_text("time,instrument,ret\n" + rows)
+    assert data_cli(["prepare", str(tmp_path / "src.csv"), str(tmp_path / "out")]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"error: {tmp_path / 'src.csv'}: {says}; fill them in or drop those rows"
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_refuses_a_null_instrument_id_in_parquet_and_a_source_without_features(
+    tmp_path, capsys
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"time": [1, 1, 2], "instrument": ["A", None, "A"], "ret": [0.1, 0.2, 0.3]})
+    pq.write_table(table, tmp_path / "src.parquet")
+    assert data_cli(["prepare", str(tmp_path / "src.parquet"), str(tmp_path / "out")]) == 1
+    assert "1 row(s) with no 'instrument'" in capsys.readouterr().err
+    pq.write_table(table.drop_columns(["ret"]), tmp_path / "keys.parquet")
+    assert data_cli(["prepare", str(tmp_path / "keys.parquet"), str(tmp_path / "out")]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith(
+        "keys.parquet: no feature column, only 'time' and 'instrument'; add at least one "
+        "column of numbers (one per feature)"
+    )
+
+
 def test_nothing_in_the_repository_unpickles_numpy_files() -> None:
     pattern = re.compile(r"allow_pickle\s*=\s*True")
     offenders = [

@@ -122,11 +122,35 @@ def _keys(path: Path, time_column: str, instrument_column: str):
                 f"{path}: no column {column!r}; it has {', '.join(names)} "
                 f"(use --time-column/--instrument-column)"
             )
+    features = [c for c in names if c not in (time_column, instrument_column)]
+    if not features:
+        raise DataError(
+            f"{path}: no feature column, only {time_column!r} and {instrument_column!r}; add "
+            "at least one column of numbers (one per feature)"
+        )
     keys = _read_table(path, [time_column, instrument_column])
+    for column in (time_column, instrument_column):
+        missing = _missing(keys.column(column))
+        if missing.any():
+            raise DataError(
+                f"{path}: {int(missing.sum())} row(s) with no {column!r} (null or empty), the "
+                f"first is data row {int(np.argmax(missing)) + 1}; fill them in or drop those rows"
+            )
     times = _times_as_int(keys.column(time_column))
     instruments = np.asarray(keys.column(instrument_column).cast(pa.string()).to_pylist())
-    features = [c for c in names if c not in (time_column, instrument_column)]
     return times, instruments, features
+
+
+def _missing(column) -> np.ndarray:
+    """Rows whose key is null, or an empty or blank string (a CSV's empty cell)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    missing = column.is_null().to_numpy(zero_copy_only=False)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        blank = pc.equal(pc.utf8_trim_whitespace(column), "").fill_null(False)
+        missing |= blank.to_numpy(zero_copy_only=False)
+    return missing
 
 
 def _pivot(table, times, instruments, features, time_column, instrument_column, where: Path):
