@@ -67,6 +67,8 @@ class _Session:
         self.stop_signum: int | None = None
         self.last_log = time.time()
         self.beats = 0
+        self.step = 0  # the last step logged
+        self.warned: set[str] = set()  # names log() warned about (once each)
         fd = os.open(spec.beat_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             os.ftruncate(fd, BEAT.size)
@@ -159,9 +161,18 @@ def log(step: int, **metrics: float) -> None:
     s = _current()
     if s is None:
         return
+    try:
+        step = int(step)
+    except (TypeError, ValueError, OverflowError):
+        _warn_once(
+            s, "step", f"log(step={step!r}): not a whole number; recorded as step {s.step + 1}"
+        )
+        step = s.step + 1
+    s.step = step
     from toolkit.events import StepRecord
 
     now = time.time()
+    metrics = numbers(s, step, metrics)
     known = {f.name for f in dataclasses.fields(StepRecord)}
     base: dict[str, Any] = dict.fromkeys(
         ("data_wait_s", "forward_backward_s", "optimizer_s", "grad_norm", "lr", "mfu"), 0.0
@@ -172,12 +183,11 @@ def log(step: int, **metrics: float) -> None:
     elapsed = float(given.get("step_time_s", base["step_time_s"]))
     if "tokens" in given and "tokens_per_s" not in given and elapsed > 0:
         given["tokens_per_s"] = float(given["tokens"]) / elapsed
-    record = StepRecord(
-        **{**base, **given, "step": int(step), "wall_time": now, "rank": s.spec.rank}
-    )
+    given |= {k: int(given[k]) for k in ("tokens", "mem_peak_bytes") if k in given}
+    record = StepRecord(**{**base, **given, "step": step, "wall_time": now, "rank": s.spec.rank})
     line = dataclasses.asdict(record) | {k: v for k, v in metrics.items() if k not in known}
     s.last_log = now
-    s.beat(int(step))
+    s.beat(step)
     try:
         s.steps.write(json.dumps(line, default=float) + "\n")
         if s.sender is not None:
@@ -186,6 +196,36 @@ def log(step: int, **metrics: float) -> None:
             s.trackers.write_step(record)
     except Exception:  # noqa: BLE001 - a metrics failure must not stop training
         _logger.exception("toolkit.session: could not write the record of step %d", step)
+
+
+def numbers(s: _Session, step: int, metrics: dict[str, Any]) -> dict[str, float]:
+    """The metrics as floats (Python and NumPy numbers, one-element tensors); any other
+    value is left out of the record with one warning per name, and the rest is kept."""
+    out = {}
+    for name, value in metrics.items():
+        try:
+            if isinstance(value, str | bytes):
+                raise TypeError("text")
+            out[name] = float(value)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            _warn_once(
+                s,
+                name,
+                f"log(step={step}, {name}={_short(value)}): not a number; {name} is left out of "
+                f"this and later records where it is not one (the rest of each record is kept)",
+            )
+    return out
+
+
+def _warn_once(s: _Session, name: str, message: str) -> None:
+    if name not in s.warned:
+        s.warned.add(name)
+        _logger.warning("toolkit.session: %s", message)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def should_stop() -> bool:
