@@ -30,7 +30,8 @@ def test_the_loader_benchmark_reports_rates_and_whether_they_keep_up(tmp_path, c
 
 def test_the_paths_comparison_interleaves_host_device_and_the_gather_bound(tmp_path) -> None:
     out = tmp_path / "paths.json"
-    argv = ["--paths", "--repeats", "2", "--workers", "0", "--formats", "npy", "--times", "600"]
+    argv = ["--paths", "--repeats", "2", "--min-s", "0", "--workers", "0", "--formats", "npy"]
+    argv += ["--times", "600"]
     argv += ["--instruments", "4", "--steps", "3", "--warmup", "1", "--dir", str(tmp_path)]
     assert main([*argv, "--json", str(out), "data.seq_len=16"]) == 0
     paths = json.loads(out.read_text())["paths"]

@@ -1,7 +1,7 @@
 """`python -m toolkit.bench.data [--workers 1 2 4] [--formats hdf5 parquet npy] [OVERRIDE ...]`:
 does the loader keep the accelerator fed?
 
-`--paths [--repeats 7]`: the sample paths side by side on the first format, interleaved
+`--paths [--repeats 7] [--min-s 1]`: the sample paths side by side on the first format, interleaved
 (host loader, device-resident, plain gather; again, ...), medians of samples/s: the host
 loader with the first --workers count (toolkit.data.loader), the device-resident path
 (toolkit.data.device, data.placement=device: on this machine's first accelerator, else the
@@ -51,37 +51,41 @@ def measure(loader, warmup: int, steps: int) -> dict[str, float]:
     }
 
 
-def gather_bound(windows, plan, steps: int):
-    """A loader-like stepper over a plain in-memory gather: step s's micro-batches are
-    table[anchor + offsets] for random anchors prepared beforehand, on the tables' device."""
-    import torch
+class GatherBound:
+    """A plain in-memory gather, loader-like: step s's micro-batches are the windows of the
+    same anchors the device path cuts (the sample order's first `steps` steps, cycled),
+    each one index_select of the inputs table's rows, as the device path's; no order
+    lookup, no targets."""
 
-    inputs = windows.device_tables(bench_device())[0]
-    table = inputs.reshape(len(inputs), -1)
-    g, lookback = plan.global_batch_size, windows.spec.lookback
-    gen = torch.Generator().manual_seed(0)
-    anchors = torch.randint(lookback - 1, len(table), ((steps + 10) * g,), generator=gen)
-    anchors = anchors.to(table.device)
-    offsets = torch.arange(1 - lookback, 1, device=table.device)
-    state = {"step": 0}
+    def __init__(self, windows, plan, steps: int, device):
+        import torch
 
-    class Bound:
-        def __next__(self):
-            s = state["step"] % (steps + 10)
-            state["step"] += 1
-            out = []
-            for m in range(plan.grad_accum):
-                lo = s * g + m * plan.micro_batch_size
-                rows = anchors[lo : lo + plan.micro_batch_size]
-                out.append((table[rows[:, None] + offsets], rows))
-            return s, out
+        inputs = windows.device_tables(device)[0]
+        self.table = inputs.reshape(len(inputs), -1)
+        self.plan = plan
+        self.steps = steps
+        g = plan.global_batch_size
+        rows, _ = windows.keys(windows.order.ids(0, steps * g))
+        self.anchors = torch.from_numpy(rows).to(device)
+        self.lookback = windows.spec.lookback
+        self.offsets = torch.arange(1 - self.lookback, 1, device=device)
+        self.step = 0
 
-        def close(self):
-            pass
+    def __next__(self):
+        p = self.plan
+        s = self.step % self.steps
+        self.step += 1
+        out = []
+        for m in range(p.grad_accum):
+            lo = s * p.global_batch_size + m * p.micro_batch_size
+            rows = self.anchors[lo : lo + p.micro_batch_size]
+            window = (rows[:, None] + self.offsets).view(-1)
+            x = self.table.index_select(0, window).view(len(rows), self.lookback, -1)
+            out.append((x, rows))
+        return s, out
 
-    bound = Bound()
-    bound.plan = plan
-    return bound
+    def close(self) -> None:
+        pass
 
 
 def bench_device():
@@ -118,14 +122,14 @@ def measure_paths(cfg, plan, width: int, targets: int, args, device) -> dict:
     )
     next(on_device)  # the tables: read, normalised and placed once
     setup_s = time.perf_counter() - start
-    bound = gather_bound(on_device.windows, plan, args.steps)
+    bound = GatherBound(on_device.windows, plan, args.steps, device)
     rates: dict[str, list[float]] = {"host_loader": [], "device_resident": [], "gather_bound": []}
     for _ in range(args.repeats):
         host, _ = build_loaders(cfg, plan, width, targets, pin_memory=False)
         for name, loader in (("host_loader", host), ("device_resident", on_device)):
-            rates[name].append(timed(loader, args.warmup, args.steps, device))
+            rates[name].append(timed(loader, args.warmup, args.steps, device, args.min_s))
         host.close()
-        rates["gather_bound"].append(timed(bound, args.warmup, args.steps, device))
+        rates["gather_bound"].append(timed(bound, args.warmup, args.steps, device, args.min_s))
     on_device.close()
     median = {name: statistics.median(r) for name, r in rates.items()}
     return {
@@ -142,9 +146,10 @@ def measure_paths(cfg, plan, width: int, targets: int, args, device) -> dict:
     }
 
 
-def timed(loader, warmup: int, steps: int, device) -> float:
-    """Samples/s of `steps` steps after `warmup` (the loader stays open: the host loader's
-    workers are started once per repetition, in its warm-up)."""
+def timed(loader, warmup: int, steps: int, device, min_s: float) -> float:
+    """Samples/s after `warmup` steps, over rounds of `steps` steps until `min_s` seconds
+    have passed (the loader stays open: the host loader's workers start once per repetition,
+    in its warm-up)."""
     import torch
 
     for _ in range(warmup):
@@ -153,10 +158,11 @@ def timed(loader, warmup: int, steps: int, device) -> float:
     sync()
     start = time.perf_counter()
     samples = 0
-    for _ in range(steps):
-        _, batches = next(loader)
-        samples += sum(len(b[0]) for b in batches)
-    sync()
+    while not samples or time.perf_counter() - start < min_s:
+        for _ in range(steps):
+            _, batches = next(loader)
+            samples += sum(len(b[0]) for b in batches)
+        sync()
     return samples / (time.perf_counter() - start)
 
 
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to write the datasets")
     parser.add_argument("--paths", action="store_true", help="host vs device vs plain gather")
     parser.add_argument("--repeats", type=int, default=7, help="--paths: interleaved rounds")
+    parser.add_argument("--min-s", type=float, default=1.0, help="--paths: seconds per timing")
     parser.add_argument(
         "--threads", type=int, default=1, help="--paths: torch threads (1: one core, as numpy)"
     )

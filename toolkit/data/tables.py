@@ -163,16 +163,21 @@ class DeviceWindows:
     def cut(
         self, tables: list[torch.Tensor], rows: torch.Tensor, subs: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs [batch, lookback, width] and targets [batch, targets]: one gather each."""
+        """Inputs [batch, lookback, width] and targets [batch, targets]: one gather each
+        (index_select over rows: about twice the rate of advanced indexing on a CPU)."""
         inputs, targets = tables
         key = str(rows.device)
         if key not in self._offsets:
             self._offsets[key] = torch.arange(1 - self.spec.lookback, 1, device=rows.device)
-        window = rows[:, None] + self._offsets[key]  # [batch, lookback]
+        window = rows[:, None] + self._offsets[key]  # [batch, lookback] time steps
+        b, lookback = len(rows), self.spec.lookback
         if subs is None:
-            x = inputs[window].reshape(len(rows), self.spec.lookback, -1)
-            return x, targets[rows]
-        return inputs[window, subs[:, None]], targets[rows, subs][:, None]
+            x = inputs.view(len(inputs), -1).index_select(0, window.view(-1))
+            return x.view(b, lookback, -1), targets.index_select(0, rows)
+        n = self.num_instruments
+        x = inputs.view(-1, inputs.shape[-1]).index_select(0, (window * n + subs[:, None]).view(-1))
+        y = targets.view(-1).index_select(0, rows * n + subs)
+        return x.view(b, lookback, -1), y.view(b, 1)
 
 
 class TensorTables:
@@ -208,7 +213,7 @@ class TensorTables:
         return self.first + np.asarray(ids, np.int64), None
 
     def cut(self, tables: list[torch.Tensor], rows: torch.Tensor, subs: None) -> Any:
-        picked = [t[rows] for t in tables]
+        picked = [t.index_select(0, rows) for t in tables]
         return dict(zip(self.names, picked, strict=True)) if self.names else picked
 
 
