@@ -17,7 +17,8 @@ from toolkit.perfmodel.regime import DEVICE_PATH, regime
 SMALL_GPU = ["model=ts_transformer", "data=returns", "hardware=h100", "precision=bf16"]
 
 # A step's terms as toolkit.perfmodel.steptime.step_time writes them (ms): floor = overhead
-# 3.0 + the optimizer's launches 0.5; the rest is one member's work: 1.0 of the 1.5 term-sum.
+# 3.0 (1.0 of it FSDP2's per-unit cost) + the optimizer's launches 0.5; the rest, 1.1, is one
+# member's work (0.05 of it FSDP2's copies).
 TIME = {
     "gemm_s": 0.6e-3,
     "attention_s": 0.1e-3,
@@ -35,6 +36,7 @@ TIME = {
     "forward_backward_s": 4.0e-3,
     "step_s": 4.6e-3,
     "launches": 300.0,
+    "fsdp_overhead_s": 1.0e-3,
     "dominant": "overhead",
 }
 
@@ -45,22 +47,26 @@ def test_the_floor_is_the_overhead_term_and_the_optimizers_launches():
     assert s.member_s == pytest.approx(1.1e-3)
     assert s.launches == 300
     assert s.overhead_share == pytest.approx(3.5 / 4.6)
+    # an ensemble is not sharded: no FSDP2 per-unit cost, no copies
+    assert s.ensemble_floor_s == pytest.approx(2.5e-3)
+    assert s.ensemble_member_s == pytest.approx(1.05e-3)
 
 
 def test_k_members_pay_one_floor_and_k_times_the_arithmetic():
     t = small.packed_time(TIME, 4)
-    assert t["overhead_s"] == TIME["overhead_s"]  # once
+    assert t["overhead_s"] == pytest.approx(2.0e-3)  # once, without FSDP2's per-unit cost
+    assert t["fsdp_copy_s"] == 0.0
     assert t["gemm_s"] == pytest.approx(4 * 0.6e-3)
     assert t["optimizer_s"] == pytest.approx(0.5e-3 + 4 * 0.1e-3)  # launches once, bytes 4x
-    assert t["step_s"] == pytest.approx(3.5e-3 + 4 * 1.1e-3)
+    assert t["step_s"] == pytest.approx(2.5e-3 + 4 * 1.05e-3)
     assert t["forward_backward_s"] == pytest.approx(t["step_s"] - t["optimizer_s"])
-    assert t["dominant"] == "overhead" and t["ensemble"] == 4
+    assert t["dominant"] == "gemm" and t["ensemble"] == 4  # 2.4 ms of GEMMs > 2.0 ms
     assert small.packed_time(TIME, 1) == TIME
 
 
 def test_packing_balances_the_floor_where_the_members_arithmetic_reaches_it():
-    s = small.split(TIME)  # 3.5 ms floor, 1.1 ms per member: 3.18 -> 4 members
-    assert small.balance_ensemble(s) == 4
+    s = small.split(TIME)  # packed: 2.5 ms floor, 1.05 ms per member: 2.38 -> 3 members
+    assert small.balance_ensemble(s) == 3
     assert small.balance_ensemble(small.StepSplit(4e-3, 1e-3, 1)) == 4  # exactly reached
     assert small.balance_ensemble(small.StepSplit(1e-3, 2e-3, 1)) == 1  # compute-bound
     assert small.memory_ensemble(peak_bytes=3e9, capacity_bytes=80e9) == 26
@@ -76,7 +82,7 @@ def test_a_packed_prediction_scales_flops_tokens_and_memory():
     assert eight.memory["peak_bytes"] == 8 * one.memory["peak_bytes"]
     assert eight.memory["capacity_bytes"] == one.memory["capacity_bytes"]
     s = small.split(one.time)
-    assert eight.step_s == pytest.approx(s.floor_s + 8 * s.member_s)
+    assert eight.step_s == pytest.approx(s.ensemble_floor_s + 8 * s.ensemble_member_s)
     # 8 members in one step beat 8 separate steps by the floors saved.
     assert 8 * one.step_s / eight.step_s == pytest.approx(8 * s.step_s(1) / s.step_s(8))
 
@@ -85,7 +91,7 @@ def test_trainer_ensemble_is_packed_in_the_jobs_prediction():
     one = predict_job(job_or_none(SMALL_GPU, []))
     four = predict_job(job_or_none([*SMALL_GPU, "trainer.ensemble=4"], []))
     s = small.split(one.time)
-    assert four.step_s == pytest.approx(s.floor_s + 4 * s.member_s)
+    assert four.step_s == pytest.approx(s.step_s(4))
 
 
 def test_gpu_optimizer_launches_count_multi_tensor_chunks_and_fused_adamw():
@@ -129,12 +135,24 @@ def test_bench_data_rates_take_each_paths_best_row():
         "results": [
             {"format": "npy", "workers": 0, "samples_per_s": 12_500.0},
             {"format": "npy", "workers": 2, "samples_per_s": 9_000.0},
-            {"path": "device", "samples_per_s": 190_000.0},
-            {"path": "device", "samples_per_s": float("nan")},
-            {"format": "hdf5", "workers": 1},
+            {"format": "hdf5", "workers": 1, "samples_per_s": float("nan")},
         ]
     }
-    assert small.bench_data_rates(result) == {"loader": 12_500.0, "device": 190_000.0}
+    assert small.bench_data_rates(result) == {"loader": 12_500.0}
+    on_gpu = {
+        "results": [],
+        "paths": {
+            "device": "cuda",
+            "median_samples_per_s": {
+                "host_loader": 11_000.0,
+                "device_resident": 900_000.0,
+                "gather_bound": 1_000_000.0,
+            },
+        },
+    }
+    assert small.bench_data_rates(on_gpu) == {"loader": 11_000.0, DEVICE_PATH: 900_000.0}
+    on_cpu = {"paths": {"device": "cpu", "median_samples_per_s": {"device_resident": 190e3}}}
+    assert small.bench_data_rates(on_cpu) == {"device-resident, on cpu": 190e3}
     assert small.bench_data_rates({"no": "results"}) == {}
 
 

@@ -118,6 +118,7 @@ def predict_counted(model: CountedShape, layout: Layout, hw: HardwareConfig) -> 
         "overhead_s": 0.0,
         "optimizer_launch_s": 0.0,
         "launches": 0.0,  # not counted: no launch floor (toolkit.perfmodel.small)
+        "fsdp_overhead_s": 0.0,
         "tp_communication_s": 0.0,
         "pipeline_p2p_s": 0.0,
         "pipeline_bubble_s": 0.0,

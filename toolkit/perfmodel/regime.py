@@ -22,7 +22,7 @@ from toolkit.perfmodel.layout import Layout
 from toolkit.perfmodel.model import predict
 from toolkit.perfmodel.prediction import device_capacity
 
-DEVICE_PATH = "device (data.placement=device)"
+DEVICE_PATH = small.DEVICE_PATH
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ def lines(
     if k > 1:
         step = s.step_s(k)
         out.append(
-            f"packed, trainer.ensemble={k}: step {small.fmt_ms(step)} (one floor, {k} x the "
-            f"arithmetic), {k * samples * dp / step:,.0f} member-samples/s, "
+            f"packed, trainer.ensemble={k}: step {small.fmt_ms(step)} (one floor without "
+            f"FSDP2's, {k} x the arithmetic), {k * samples * dp / step:,.0f} member-samples/s, "
             f"{k * s.step_s(1) / step:.1f}x {k} separate steps"
         )
     step = s.step_s(k)

@@ -50,14 +50,29 @@ BYTES_FP32 = 4
 
 @dataclass(frozen=True)
 class StepSplit:
-    """One model's step (K = 1) as floor and per-member work, seconds per step."""
+    """One model's step (K = 1) as floor and per-member work, seconds per step. A plain run
+    shards with FSDP2, an ensemble does not (toolkit.train.ensemble: every rank holds all
+    members, one all-reduce of the gradients): K > 1 pays neither FSDP2's per-unit cost
+    (`fsdp_overhead_s`, part of the floor) nor its copies (`fsdp_copy_s`, per member)."""
 
     floor_s: float
     member_s: float
     launches: float  # ops dispatched per step (0: not counted for this model)
+    fsdp_overhead_s: float = 0.0
+    fsdp_copy_s: float = 0.0
 
     def step_s(self, k: int = 1) -> float:
-        return self.floor_s + k * self.member_s
+        if k == 1:
+            return self.floor_s + self.member_s
+        return self.ensemble_floor_s + k * self.ensemble_member_s
+
+    @property
+    def ensemble_floor_s(self) -> float:
+        return self.floor_s - self.fsdp_overhead_s
+
+    @property
+    def ensemble_member_s(self) -> float:
+        return self.member_s - self.fsdp_copy_s
 
     @property
     def overhead_share(self) -> float:
@@ -69,24 +84,33 @@ class StepSplit:
 def split(time: dict[str, Any]) -> StepSplit:
     """A prediction's time terms (toolkit.perfmodel.steptime.step_time) as floor and work."""
     floor = float(time["overhead_s"]) + float(time["optimizer_launch_s"])
-    return StepSplit(floor, float(time["step_s"]) - floor, float(time["launches"]))
+    return StepSplit(
+        floor,
+        float(time["step_s"]) - floor,
+        float(time["launches"]),
+        float(time["fsdp_overhead_s"]),
+        float(time["fsdp_copy_s"]),
+    )
 
 
 def packed_time(time: dict[str, Any], k: int) -> dict[str, Any]:
     """The step's terms for K members packed in one step: the floor once, the rest K times
-    (the optimizer's per-op part once, its bytes K times); the dominant term again."""
+    (the optimizer's per-op part once, its bytes K times), without FSDP2's per-unit cost
+    and copies (an ensemble is not sharded); the dominant term again."""
     if k == 1:
         return dict(time)
     out = dict(time)
+    out["overhead_s"] = float(time["overhead_s"]) - float(time["fsdp_overhead_s"])
+    out["fsdp_overhead_s"] = out["fsdp_copy_s"] = 0.0
     for name in (*STEP_TERMS, "checkpoint_stall"):
-        if name not in ("overhead", "optimizer") and f"{name}_s" in time:
+        if name not in ("overhead", "optimizer", "fsdp_copy") and f"{name}_s" in time:
             out[f"{name}_s"] = k * float(time[f"{name}_s"])
     launch = float(time["optimizer_launch_s"])
     out["optimizer_s"] = launch + k * (float(time["optimizer_s"]) - launch)
     whole = split(time)
     out["step_s"] = whole.step_s(k)
     out["forward_backward_s"] = out["step_s"] - out["optimizer_s"]
-    out["compute_s"] = k * float(time["compute_s"]) - (k - 1) * float(time["overhead_s"])
+    out["compute_s"] = sum(float(out[f"{t}_s"]) for t in STEP_TERMS[:5])
     out["communication_total_s"] = k * float(time["communication_total_s"])
     out["dominant"] = max(STEP_TERMS, key=lambda t: float(out[f"{t}_s"]))
     out["ensemble"] = k
@@ -119,9 +143,11 @@ def balance_ensemble(s: StepSplit) -> int:
     """The smallest K whose arithmetic reaches the floor (K x member_s >= floor_s): from
     there on a step is bound by arithmetic, and each further member costs its arithmetic,
     not another floor. 1 where one model's arithmetic already does."""
-    if s.member_s <= 0:
+    if s.floor_s <= s.member_s:
         return 1
-    return max(1, math.ceil(s.floor_s / s.member_s - 1e-9))
+    if s.ensemble_member_s <= 0:
+        return 1
+    return max(2, math.ceil(s.ensemble_floor_s / s.ensemble_member_s - 1e-9))
 
 
 def memory_ensemble(peak_bytes: float, capacity_bytes: float) -> int:
@@ -159,20 +185,35 @@ def window_bytes(seq_len: int, inputs: int, targets: int, dtype_bytes: int = BYT
     return float((seq_len * inputs + targets) * dtype_bytes)
 
 
+DEVICE_PATH = "device (data.placement=device)"
+LOADER_PATH = "loader"  # today's host loader (DataLoader workers)
+
+
 def bench_data_rates(result: dict[str, Any]) -> dict[str, float]:
-    """Samples/s per data path from one `toolkit bench data --json` result (plain JSON): the
-    best row of each path. A row names its path by `path` where the benchmark gives one
-    (device, host gather, loader), else it is the loader's (format, workers)."""
+    """Samples/s per data path from one `toolkit bench data --json` result (plain JSON):
+    the host loader's best row of `results` (per format and worker count), and with
+    `--paths` the medians of `paths.median_samples_per_s`: host_loader and device_resident
+    (the device path where it ran on a GPU; measured on a CPU it is named so: a CPU's rate
+    says nothing of a GPU's). The gather bound is a bound, not a path."""
     rates: dict[str, float] = {}
-    rows = result["results"] if isinstance(result, dict) and "results" in result else []
+
+    def take(name: str, rate: Any) -> None:
+        if isinstance(rate, int | float) and math.isfinite(rate) and rate > 0:
+            rates[name] = max(rates.get(name, 0.0), float(rate))
+
+    if not isinstance(result, dict):
+        return rates
+    rows = result["results"] if isinstance(result.get("results"), list) else []
     for row in rows:
-        if not isinstance(row, dict) or "samples_per_s" not in row:
-            continue
-        rate = row["samples_per_s"]
-        if not isinstance(rate, int | float) or not math.isfinite(rate) or rate <= 0:
-            continue
-        name = str(row["path"]) if "path" in row else "loader"
-        rates[name] = max(rates.get(name, 0.0), float(rate))
+        if isinstance(row, dict) and "samples_per_s" in row:
+            take(LOADER_PATH, row["samples_per_s"])
+    paths = result["paths"] if isinstance(result.get("paths"), dict) else {}
+    medians = paths.get("median_samples_per_s")
+    if isinstance(medians, dict):
+        where = str(paths.get("device", "cpu"))
+        device = DEVICE_PATH if where.startswith("cuda") else f"device-resident, on {where}"
+        take(LOADER_PATH, medians.get("host_loader"))
+        take(device, medians.get("device_resident"))
     return rates
 
 

@@ -251,6 +251,7 @@ def step_time(
         # inside the optimizer term, the launches behind the overhead term.
         "optimizer_launch_s": t["optimizer_launch_s"],
         "launches": t["launches"],
+        "fsdp_overhead_s": t["fsdp_overhead_s"],  # FSDP2's per-unit cost, in `overhead`
         "forward_backward_s": step_s - t["optimizer_s"],
         "data_wait_s": 0.0,
         "step_s": step_s,
