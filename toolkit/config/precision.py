@@ -1,4 +1,6 @@
-"""Numeric precision, mapped onto FSDP2's MixedPrecisionPolicy, and TF32 for fp32 matmuls
+"""Numeric precision, mapped onto FSDP2's MixedPrecisionPolicy.
+
+TF32 for fp32 matmuls (precision.tf32) is set where the rank starts its training
 (toolkit.distributed.step_overhead)."""
 
 from __future__ import annotations

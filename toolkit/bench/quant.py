@@ -1,0 +1,284 @@
+"""`toolkit bench quant [--families lstm tcn transformer] [--sizes small medium] [--ensemble K]
+[--graphs auto|on|off] ...`: a training benchmark for small quant models.
+
+Three families (an LSTM, a TCN, the built-in ts_transformer; toolkit.bench.quant_models) at
+two sizes each train on order-book-like windows (toolkit.bench.quant_data: seeded, with an
+autocorrelated mid-price and a target a window can predict), each as one model and as an
+ensemble of K members in one step (torch.func; toolkit.bench.quant_step), on a GPU also with
+the whole step as one CUDA graph. Per configuration: samples/s (and model-samples/s: K per
+sample for an ensemble), the data wait, the step's split (data / forward-backward /
+optimizer), the time to a target validation loss and, on a GPU, its utilisation (NVML).
+Each configuration trains for --seconds after --warmup steps; --repeats runs the whole grid
+again in the same order (single and ensemble, eager and graphed interleaved), and rates are
+medians over the repeats. Prints a table on stderr and one JSON object on stdout (and
+--json). The defaults run in one to two minutes on a 2-core CPU; scripts/gpu_check.sh runs
+it with GPU-sized settings (toolkit.measure.gpu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shlex
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolkit.bench.quant_data import BookSpec, make_windows
+from toolkit.bench.quant_models import FAMILIES, SIZES, build, num_params
+from toolkit.bench.quant_step import Budget, Outcome, run_eager, run_graphed, sampler, trainee
+
+MODES = ("eager", "graphed")
+
+
+def positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text}: must be > 0")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toolkit bench quant", description=__doc__.split("\n\n")[1])
+    p.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
+    p.add_argument("--sizes", nargs="+", choices=SIZES, default=list(SIZES))
+    p.add_argument("--ensemble", type=positive(int), default=4, help="members K (1: none)")
+    p.add_argument("--batch", type=positive(int), default=128, help="windows per step")
+    p.add_argument("--lookback", type=positive(int), default=32)
+    p.add_argument("--levels", type=positive(int), default=10, help="book levels a side")
+    p.add_argument("--train-samples", type=positive(int), default=20_000)
+    p.add_argument("--val-samples", type=positive(int), default=512)
+    p.add_argument("--seconds", type=positive(float), default=2.0, help="training per run")
+    p.add_argument("--warmup", type=int, default=2, help="steps before timing")
+    p.add_argument("--eval-every", type=positive(int), default=20, help="steps")
+    p.add_argument("--eval-every-s", type=positive(float), default=0.5, help="or seconds")
+    p.add_argument("--max-steps", type=positive(int), default=1_000_000)
+    p.add_argument(
+        "--target-loss",
+        type=positive(float),
+        default=0.7,
+        help="validation MSE to reach (predicting 0 scores about 1)",
+    )
+    p.add_argument("--lr", type=positive(float), default=1e-3)
+    p.add_argument(
+        "--fused",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="AdamW's kernels, as optim.fused",
+    )
+    p.add_argument(
+        "--graphs",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the whole step as a CUDA graph (auto: eager and graphed on CUDA)",
+    )
+    p.add_argument("--repeats", type=positive(int), default=1)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads for torch (0: torch's default); one keeps a shared VM's figures steady",
+    )
+    p.add_argument("--json", type=Path, default=None)
+    return p
+
+
+def modes_for(graphs: str, device: torch.device) -> tuple[str, ...] | str:
+    """The modes to run, or why the request cannot run here."""
+    if device.type != "cuda":
+        if graphs == "on":
+            return "--graphs on: CUDA graphs need a CUDA device (this is a CPU)"
+        return ("eager",)
+    return {"auto": MODES, "on": ("graphed",), "off": ("eager",)}[graphs]
+
+
+def row(
+    family: str, size: str, members: int, mode: str, batch: int, params: int, runs: list[Outcome]
+) -> dict[str, Any]:
+    """One configuration's figures: rates are medians over the repeats, the rest from the
+    median run."""
+    rates = [o.steps * batch / o.train_s for o in runs]
+    median_run = sorted(runs, key=lambda o: o.steps * batch / o.train_s)[len(runs) // 2]
+    o = median_run
+    per_step = {k: 1000 * v / o.steps for k, v in o.split_s.items()}
+    return {
+        "family": family,
+        "size": size,
+        "params": params,
+        "members": members,
+        "mode": mode,
+        "batch": batch,
+        "steps": o.steps,
+        "samples_per_s": statistics.median(rates),
+        "samples_per_s_runs": rates,
+        "model_samples_per_s": statistics.median(rates) * members,
+        "step_ms": 1000 * o.train_s / o.steps,
+        "split_ms": per_step,
+        "data_wait_share": o.data_wait_s / o.train_s,
+        "time_to_target_s": o.time_to_target_s,
+        "final_val_loss": o.val_curve[-1][1] if o.val_curve else None,
+        "best_val_loss": min(v for _, v in o.val_curve) if o.val_curve else None,
+        "gpu_util_pct": o.gpu_util_pct,
+        "gpu_util_why": o.gpu_util_why,
+        "notes": o.notes,
+    }
+
+
+def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per family, size and mode: the ensemble's model-samples/s over one model's samples/s
+    (K members in one step against K separate steps); per family, size and members: graphed
+    over eager samples/s."""
+    by = {(r["family"], r["size"], r["members"], r["mode"]): r for r in rows}
+    out = []
+    for (family, size, members, mode), r in by.items():
+        single = by.get((family, size, 1, mode))
+        if members > 1 and single is not None:
+            out.append(
+                {
+                    "family": family,
+                    "size": size,
+                    "mode": mode,
+                    "ensemble_vs_separate": r["model_samples_per_s"] / single["samples_per_s"],
+                    "members": members,
+                }
+            )
+        eager = by.get((family, size, members, "eager"))
+        if mode == "graphed" and eager is not None:
+            out.append(
+                {
+                    "family": family,
+                    "size": size,
+                    "members": members,
+                    "graphed_vs_eager": r["samples_per_s"] / eager["samples_per_s"],
+                }
+            )
+    return out
+
+
+def table(result: dict[str, Any]):
+    from rich.table import Table
+
+    t = Table(title=f"bench quant: {result['device']} (target val loss {result['target_loss']})")
+    for name in (
+        "model",
+        "K",
+        "mode",
+        "samples/s",
+        "model-samples/s",
+        "step ms",
+        "data / fwd-bwd / optim ms",
+        "data wait",
+        "to target",
+        "val loss",
+        "GPU util",
+    ):
+        t.add_column(name, justify="left" if name in ("model", "mode") else "right")
+    for r in result["results"]:
+        split = " / ".join(f"{v:.2f}" for v in r["split_ms"].values())
+        t.add_row(
+            f"{r['family']} {r['size']} ({r['params'] / 1e3:,.0f}k)",
+            str(r["members"]),
+            r["mode"],
+            f"{r['samples_per_s']:,.0f}",
+            f"{r['model_samples_per_s']:,.0f}",
+            f"{r['step_ms']:.2f}",
+            split,
+            f"{100 * r['data_wait_share']:.1f}%",
+            "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f} s",
+            f"{r['best_val_loss']:.3f}" if r["best_val_loss"] is not None else "-",
+            "-" if r["gpu_util_pct"] is None else f"{r['gpu_util_pct']:.0f}%",
+        )
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    want = (
+        args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    if want == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device visible", file=sys.stderr)
+        return 2
+    device = torch.device(want, 0) if want == "cuda" else torch.device("cpu")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    modes = modes_for(args.graphs, device)
+    if isinstance(modes, str):
+        print(f"error: {modes}", file=sys.stderr)
+        return 2
+    spec = BookSpec(
+        levels=args.levels,
+        lookback=args.lookback,
+        train_samples=args.train_samples,
+        val_samples=args.val_samples,
+        seed=args.seed,
+    )
+    windows = make_windows(spec, device)
+    budget = Budget(
+        args.seconds,
+        args.warmup,
+        args.max_steps,
+        args.eval_every,
+        args.eval_every_s,
+        args.target_loss,
+    )
+    memberships = [0] if args.ensemble == 1 else [0, args.ensemble]
+    grid = [
+        (f, s, k, m) for f in args.families for s in args.sizes for k in memberships for m in modes
+    ]
+    outcomes: dict[tuple, list[Outcome]] = {key: [] for key in grid}
+    params: dict[tuple, int] = {}
+    for _ in range(args.repeats):
+        for family, size, members, mode in grid:
+
+            def make(family: str = family, size: str = size) -> torch.nn.Module:
+                return build(family, size, spec.width, spec.lookback)
+
+            t = trainee(make, members, device, args.lr, args.fused, capturable=mode == "graphed")
+            params[(family, size)] = num_params(make())
+            draw = sampler(windows, args.batch, args.seed)
+            run = run_graphed if mode == "graphed" else run_eager
+            outcomes[(family, size, members, mode)].append(run(t, draw, windows, budget, device))
+            del t
+    rows = [
+        row(f, s, max(1, k), m, args.batch, params[(f, s)], outcomes[(f, s, k, m)])
+        for f, s, k, m in grid
+    ]
+    val_y = windows.val()[1]
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "date": datetime.date.today().isoformat(),
+        "command": "toolkit bench quant " + shlex.join(sys.argv[1:] if argv is None else argv),
+        "data": {**vars(spec), "width": spec.width, "batch": args.batch},
+        "target_loss": args.target_loss,
+        "zero_prediction_val_loss": float(val_y.square().mean()),
+        "seconds_per_run": args.seconds,
+        "repeats": args.repeats,
+        "fused": args.fused,
+        "results": rows,
+        "speedups": speedups(rows),
+    }
+    from rich.console import Console
+
+    Console(file=sys.stderr, width=200).print(table(result))
+    from toolkit.measure.results import print_json
+
+    print_json(result, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
