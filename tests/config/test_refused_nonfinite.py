@@ -55,6 +55,23 @@ def test_every_bad_adamw_setting_is_one_line_of_its_own() -> None:
     validate(job("optim.beta1=0", "optim.eps=1e-6", "optim.weight_decay=0"))  # edges allowed
 
 
+def test_an_optimizer_by_import_path_has_its_usual_keywords_checked_too() -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(job("optim=sgd", "optim.weight_decay=nan", "optim.momentum=-1"))
+    assert [line for line in err.value.problems if line.startswith("optim.")] == [
+        "optim.weight_decay=nan: must be a finite number >= 0",
+        "optim.momentum=-1: must be a finite number >= 0",
+    ]
+    adam = ("optim._target_=torch.optim.Adam", "~optim.momentum", "~optim.nesterov")
+    with pytest.raises(ConfigError) as err:
+        validate(job("optim=sgd", *adam, "+optim.betas=[0.9,1.5]", "+optim.eps=0"))
+    assert [line for line in err.value.problems if line.startswith("optim.")] == [
+        "optim.betas=[0.9, 1.5]: must be two numbers in [0, 1) (e.g. [0.9, 0.95])",
+        "optim.eps=0: must be a finite number > 0 (e.g. 1e-8)",
+    ]
+    validate(job("optim=sgd", *adam, "+optim.betas=[0.9,0.99]"))
+
+
 def test_a_batch_far_past_the_device_memory_is_refused_naming_the_largest_term() -> None:
     from toolkit.launch import RUNTIME_CHECKS
 

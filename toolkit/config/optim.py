@@ -11,6 +11,7 @@ the node leaves it out); the schedule multiplies it by toolkit.train.optim.lr_fa
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +78,7 @@ class OptimTargetConfig(TargetConfig):
 def problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
     """Problems with the optimizer group, one line each."""
     if isinstance(o, OptimTargetConfig):
-        p = target_problems("optim", o) + _lr_problems(o.kwargs)
+        p = target_problems("optim", o) + _lr_problems(o.kwargs) + _kwarg_problems(o.kwargs)
         p += below_minimum("optim", o, {"warmup_steps": 0})
         p += switch_problems("optim", o, ("fused",))
         if not o.grad_clip >= 0:  # also NaN
@@ -131,6 +132,23 @@ def schedule_problems(o: OptimConfig | OptimTargetConfig) -> list[str]:
         p.append(f"optim.min_lr_ratio={o.min_lr_ratio}: must be in [0, 1]")
     if not 0 < o.decay_fraction <= 1:
         p.append(f"optim.decay_fraction={o.decay_fraction}: must be in (0, 1]")
+    return p
+
+
+def _kwarg_problems(kwargs: dict[str, Any]) -> list[str]:
+    """A `_target_` optimizer's usual keywords, when given, checked as AdamW's are: NaN or
+    1.5 would otherwise reach the ranks (torch refuses some there, in a traceback)."""
+    p = []
+    if "betas" in kwargs:
+        betas = kwargs["betas"]
+        pair = isinstance(betas, Sequence) and not isinstance(betas, str) and len(betas) == 2
+        if not (pair and all(_finite(b) and 0 <= b < 1 for b in betas)):
+            p.append(f"optim.betas={betas}: must be two numbers in [0, 1) (e.g. [0.9, 0.95])")
+    if "eps" in kwargs and not (_finite(kwargs["eps"]) and kwargs["eps"] > 0):
+        p.append(f"optim.eps={kwargs['eps']}: must be a finite number > 0 (e.g. 1e-8)")
+    for name in ("weight_decay", "momentum"):
+        if name in kwargs and not (_finite(kwargs[name]) and kwargs[name] >= 0):
+            p.append(f"optim.{name}={kwargs[name]}: must be a finite number >= 0")
     return p
 
 
