@@ -100,9 +100,16 @@ def run_rank(run_dir: Path) -> int:
         job = load_job(run_dir / "config.yaml")
         _grace_s[0] = job.launch.kill_grace_s
         descendants.end_with_parent(job.launch.kill_grace_s)
+        from toolkit.executors import log_cap
+
+        log_cap.watch(run_dir, job.launch.max_log_bytes)  # stdout/stderr files: capped
+        if job.trainer.deterministic:  # before CUDA starts: cuBLAS reads its setting once
+            from toolkit.distributed.determinism import enable_deterministic
+
+            enable_deterministic(env.is_rank0)
         from toolkit.nccl import configure  # NCCL/PyTorch variables, checked against the node
 
-        configure(job.nccl, env, run_dir)
+        configure(job.nccl, env, run_dir, deterministic=job.trainer.deterministic)
         if env.is_rank0 and env.source == "slurm":  # one writer per run dir, per attempt
             hold_run_dir(run_dir)
         task = task_of(job)

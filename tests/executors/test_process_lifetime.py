@@ -101,3 +101,27 @@ def test_what_is_below_a_process_is_found_through_a_setsid_and_ended(tmp_path):
     assert 0.3 <= float(took_s) < 5
     child, daemon, _ = map(int, (tmp_path / "pids").read_text().split())
     assert still_running([child, daemon], within_s=0) == []
+
+
+def test_a_rank_log_is_capped_and_rotated_keeping_the_newest_output(tmp_path):
+    """A script prints 5 MB against launch.max_log_bytes of 1 MiB: its rank's log and the
+    one rotated file hold about 2 MiB, the newest lines among them."""
+    run = tmp_path / "run"
+    script = str(REPO / "tests" / "fixtures" / "scripts" / "prints_much.py")
+    r = launch(
+        f"script.path={script}",
+        "script.args=[5]",
+        "cluster.tasks_per_node=1",
+        "launch.follow=false",
+        "launch.max_log_bytes=1048576",
+        "telemetry=off",
+        f"hydra.run.dir={run}",
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out, rotated = run / "logs" / "rank0.out", run / "logs" / "rank0.out.1"
+    assert out.read_text().endswith("the end\n")
+    assert out.stat().st_size <= 1048576 + 65536 and rotated.stat().st_size <= 1048576 + 65536
+    assert sorted(p.name for p in (run / "logs").glob("rank0.out*")) == ["rank0.out", "rank0.out.1"]
+    first = rotated.read_text().splitlines()[0]
+    assert int(first[:8]) > 2048  # the oldest megabytes were dropped

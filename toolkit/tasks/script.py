@@ -35,6 +35,7 @@ from toolkit import descendants
 from toolkit.config.job import JobConfig
 from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.errors import EXIT_PREEMPTED
+from toolkit.executors import log_cap
 from toolkit.executors.preemption import signal_number, slurm_job_id
 from toolkit.executors.requeue import RequeuePolicy
 from toolkit.files import write_private
@@ -51,7 +52,8 @@ POLL_S = 0.2
 # A failing script's wrapper waits this long for a signal before it records the failure as
 # the script's own: a preemption signal that reaches this node late still counts as one.
 SIGNAL_GRACE_S = 1.0
-CPU_PROGRESS_S = 0.05  # CPU seconds of the script per poll that count as progress
+CPU_PROGRESS_S = 0.05  # CPU seconds of the script since its last move that count as progress
+CPU_PROGRESS_SHARE = 0.02  # ... if also this share of a core over that time
 _PR_SET_PDEATHSIG = 1
 
 
@@ -96,6 +98,7 @@ def _pump(src: BinaryIO, dst: BinaryIO, seen: list[int]) -> None:
         with contextlib.suppress(OSError, ValueError):
             dst.write(chunk)
             dst.flush()
+            log_cap.check(dst.fileno())  # launch.max_log_bytes: rotated past the cap
 
 
 def cpu_time_s(pid: int) -> float:
@@ -112,7 +115,8 @@ class Progress:
 
     def __init__(self, beat_path: Path):
         self.beat_path = beat_path
-        self.last: tuple[int, float, int] = (0, 0.0, 0)
+        self.last: tuple[int, float, int] = (0, 0.0, 0)  # at the last move
+        self.moved_at = time.monotonic()
         self.step = 0
         self.stepwise = False  # the script calls toolkit.session.heartbeat()
 
@@ -123,12 +127,22 @@ class Progress:
             if len(data) >= BEAT.size:
                 beats, step = BEAT.unpack(data[: BEAT.size])
         out0, cpu0, beats0 = self.last
-        self.last = (output_bytes, cpu_s, beats)
         self.step = step
         if beats:
+            self.last = (output_bytes, cpu_s, beats)
             self.stepwise = True
             return beats != beats0
-        return output_bytes != out0 or cpu_s - cpu0 >= CPU_PROGRESS_S
+        # CPU time counts from the last move, not the last poll: a script that gets a tenth
+        # of a core on a loaded machine (importing, say) still moves every few polls; one
+        # blocked in a collective, whose threads use a few ms a second, does not.
+        now = time.monotonic()
+        cpu = cpu_s - cpu0
+        moved = output_bytes != out0 or (
+            cpu >= CPU_PROGRESS_S and cpu >= CPU_PROGRESS_SHARE * (now - self.moved_at)
+        )
+        if moved:
+            self.last, self.moved_at = (output_bytes, cpu_s, beats), now
+        return moved
 
 
 def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict[str, Any]:
