@@ -125,3 +125,25 @@ def write_run_model(run_dir: Path, model: RunModel) -> Path:
     path = Path(run_dir) / MODEL_FILE
     write_private(path, json.dumps(model.as_dict(), indent=2))
     return path
+
+
+# The StepRecord field (and report column) of each unit's rate.
+RATE_FIELD = {"tokens": "tokens_per_s", "samples": "samples_per_s"}
+
+
+def run_unit(run_dir: Path) -> str:
+    """The run's throughput unit for its readers: RUN/model.json's, else summary.json's
+    `throughput_unit`, else tokens (an older run of a token model). Never raises: a damaged
+    file counts as absent here (status names it)."""
+    try:
+        model = read_run_model(run_dir)
+    except RunModelUnreadable:
+        model = None
+    if model is not None:
+        return model.unit
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return "tokens"
+    unit = summary.get("throughput_unit") if isinstance(summary, dict) else None
+    return unit if unit in UNITS else "tokens"

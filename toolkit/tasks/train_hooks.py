@@ -55,7 +55,10 @@ def tracking_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
 
     since = time.time()  # this attempt's samples only: a resumed run sent the earlier ones
     series = functools.partial(node_series, run_dir, since) if job.telemetry.enabled else None
-    return build_tracking_sinks(job.tracking, env.is_rank0, run_dir, job_to_dict(job), series)
+    unit = spec_for(job.model).unit  # a samples model's trackers get samples/s, no tokens/s
+    return build_tracking_sinks(
+        job.tracking, env.is_rank0, run_dir, job_to_dict(job), series, unit=unit
+    )
 
 
 def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from toolkit.runmodel import RATE_FIELD, run_unit
 from toolkit.telemetry.read import load_run
 from toolkit.telemetry.report.analysis import collect_steps
 from toolkit.tracking.build import flatten, tracker_links
@@ -34,6 +35,7 @@ METRICS = (
     "comm_reduce_scatter_s",
     "comm_all_reduce_s",
     "tokens_per_s",
+    "samples_per_s",
     "mfu",
     "mem_peak_bytes",
 )
@@ -107,11 +109,17 @@ def config_differences(run_a: Path, run_b: Path) -> list[tuple[str, Any, Any]]:
 
 
 def compare(run_a: Path, run_b: Path) -> dict[str, Any]:
+    # The rate in the models' unit: tokens/s when both are token models, else samples/s
+    # (every model has samples; a samples model's tokens/s means nothing).
+    units = {run_unit(Path(run_a)), run_unit(Path(run_b))}
+    unit = "tokens" if units == {"tokens"} else "samples"
+    other = RATE_FIELD["samples" if unit == "tokens" else "tokens"]
     rows = compare_metrics(step_values(run_a), step_values(run_b))
     return {
         "run_a": str(run_a),
         "run_b": str(run_b),
-        "metrics": [asdict(r) for r in rows],
+        "unit": unit,
+        "metrics": [asdict(r) for r in rows if r.metric != other],
         "config_differences": [
             {"key": k, "a": va, "b": vb} for k, va, vb in config_differences(run_a, run_b)
         ],

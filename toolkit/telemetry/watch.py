@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from toolkit.runmodel import RATE_FIELD, run_unit
 from toolkit.telemetry.read import NoTelemetry, RunData, load_run, node_files
 
 RECENT_STEPS = 20
@@ -27,6 +28,8 @@ def snapshot(run_dir: Path, run: RunData | None = None) -> Any:
     from rich.text import Text
 
     own = run is None
+    unit = run_unit(run_dir)  # tokens/s for a token model, samples/s for any other
+    rate = RATE_FIELD[unit]
     if run is None:
         run = load_run(run_dir, events=False)  # 100,000s of events in a long run; not shown
     now = time.time()
@@ -54,7 +57,7 @@ def snapshot(run_dir: Path, run: RunData | None = None) -> Any:
             "rank",
             "step",
             "step ms",
-            "tokens/s",
+            f"{unit}/s",
             "MFU %",
             "loss",
             "data wait %",
@@ -101,7 +104,7 @@ def snapshot(run_dir: Path, run: RunData | None = None) -> Any:
                     str(rank),
                     str(int(t.tail("step", 1)[0])),
                     _f(1000 * float(np.median(step_t)), ",.1f"),
-                    _f(float(np.median(t.tail("tokens_per_s", RECENT_STEPS))), ",.0f"),
+                    _f(float(np.median(t.tail(rate, RECENT_STEPS))) if rate in t else None, ",.0f"),
                     _f(100 * float(np.median(t.tail("mfu", RECENT_STEPS))), ".2f"),
                     _f(float(t.tail("loss", 1)[0]), ".4f"),
                     _f(100 * float(wait.sum() / step_t.sum()) if step_t.sum() > 0 else None, ".1f"),

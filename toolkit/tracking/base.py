@@ -37,6 +37,9 @@ class Params:
     artifacts: list[Path] = field(default_factory=list)
     # At the end: node telemetry series, name -> [(time.time(), value)] (None: not sent).
     node_series: Callable[[], dict[str, list[tuple[float, float]]]] | None = None
+    # The model's throughput unit: a samples model's step records go without the token
+    # fields (tokens, tokens_per_s): its rate is samples_per_s.
+    unit: str = "tokens"
 
 
 class Tracker(Protocol):
@@ -55,12 +58,21 @@ class Tracker(Protocol):
     def describe(self) -> dict[str, Any]: ...  # run id, URL, log dir: for trackers.json
 
 
+# The unit of the run whose records this worker thread sends (TrackerSink._run sets it).
+_sending = threading.local()
+TOKEN_FIELDS = ("tokens", "tokens_per_s")
+
+
 def scalars(record: StepRecord) -> dict[str, float]:
-    """Every numeric field of a step record but the step, rank and wall time, as train/<field>."""
+    """Every numeric field of a step record but the step, rank and wall time, as train/<field>;
+    for a samples model (Params.unit) without the token fields."""
+    skip = ("step", "rank", "wall_time")
+    if getattr(_sending, "unit", "tokens") == "samples":
+        skip += TOKEN_FIELDS
     return {
         f"train/{k}": float(v)
         for k, v in vars(record).items()
-        if k not in ("step", "rank", "wall_time") and isinstance(v, int | float)
+        if k not in skip and isinstance(v, int | float)
     }
 
 
@@ -183,6 +195,7 @@ class TrackerSink:
             log.warning("tracking: %s: %s (training goes on)", self.tracker.name, message)
 
     def _run(self) -> None:
+        _sending.unit = self.params.unit  # scalars() of this thread's records
         try:
             self.tracker.open(self.params)
             self._opened = True

@@ -57,11 +57,13 @@ def build_tracking_sinks(
     config: dict[str, Any],
     node_series: Callable[[], dict[str, list[tuple[float, float]]]] | None = None,
     action: str | None = None,
+    unit: str = "tokens",
 ) -> list[Sink]:
     """Rank 0's trackers (none on the other ranks, none when tracking=none). `config` is the
     job as a nested dict: it is redacted here, flattened, and logged as parameters;
     `node_series`, called at the end, gives the node telemetry series to send; `action`:
-    see unsent_hangs."""
+    see unsent_hangs; `unit`: the model's throughput unit (a samples model's records go
+    without tokens/s)."""
     if not is_rank0 or not cfg.backends:
         return []
     params = Params(
@@ -74,6 +76,7 @@ def build_tracking_sinks(
             run_dir / "telemetry" / "report" / "report.html",
         ],
         node_series=node_series if cfg.node_series else None,
+        unit=unit,
     )
     sinks = [
         TrackerSink(

@@ -107,6 +107,9 @@ def rank_stats(series: RankSeries) -> dict[str, float]:
         "median_step_s": float(np.median(step)),
         "p99_step_s": float(np.percentile(step, 99)),
         "median_tokens_per_s": float(np.median(_measured(series, "tokens_per_s"))),
+        "median_samples_per_s": float(np.median(_measured(series, "samples_per_s")))
+        if "samples_per_s" in series.columns  # an older node file has no samples/s
+        else float("nan"),
         "median_mfu": float(np.median(_measured(series, "mfu"))),
         "data_wait_share": float(wait.sum() / step.sum()) if step.sum() > 0 else 0.0,
     }

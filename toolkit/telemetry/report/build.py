@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.config.telemetry import ReportConfig
+from toolkit.runmodel import run_unit
 from toolkit.telemetry.read import RunData, load_run, node_files
 from toolkit.telemetry.report import analysis, export, model
 from toolkit.telemetry.report.analysis import Attribution
@@ -101,6 +102,9 @@ def analyse(
                 "median_tokens_per_s": analysis.median_or_nan(
                     [r["median_tokens_per_s"] for r in mine]
                 ),
+                "median_samples_per_s": analysis.median_or_nan(
+                    [r["median_samples_per_s"] for r in mine]
+                ),
                 "median_mfu": analysis.median_or_nan([r["median_mfu"] for r in mine]),
                 "data_wait_share": analysis.median_or_nan([r["data_wait_share"] for r in mine]),
                 "gpu_util_pct": float(np.mean([g.mean_util_pct for g in node_gpus]))
@@ -140,6 +144,7 @@ def analyse(
     if not report.verdict.measured:
         report.verdict.unmeasured_why = unmeasured_why(report.absent)
     report.layout = read_layout(run.run_dir)
+    report.unit = run_unit(run.run_dir)  # RUN/model.json: tokens/s or samples/s
     report.profiles = [str(p) for p in export.profile_files(run.run_dir)]
     return report, series
 
@@ -154,6 +159,7 @@ def _diagnose(
     job = model.load_config(run.run_dir)
     world = max((int(n.attrs.get("world_size", 0) or 0) for n in run.nodes), default=0)
     recorded, no_model = model.load_model(run.run_dir)
+    report.model = recorded.as_dict() if recorded is not None else None
     predicted, note = model.predicted_terms(job, world or len(series) or 1, recorded, no_model)
     return diagnose(
         series,

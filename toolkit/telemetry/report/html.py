@@ -47,6 +47,7 @@ def _image(path: Path, alt: str) -> str:
 
 def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
     parts = [f"<h1>Telemetry report</h1><p class=note>{html.escape(str(report.run_dir))}</p>"]
+    parts.append(f"<p>{html.escape(tables.throughput_line(report))}</p>")
     if report.verdict is not None:
         from toolkit.telemetry.report.verdict import summary_lines
 
@@ -76,7 +77,10 @@ def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
             f"({report.scale['summaries_cached']} summaries cached, "
             f"{report.scale['summaries_computed']} computed).</p>"
         )
-    parts.append("<h2>Nodes</h2>" + _table(tables.NODE_HEADER, tables.node_rows(report)))
+    parts.append(
+        "<h2>Nodes</h2>"
+        + _table(tables.header(tables.node_columns(report)), tables.node_rows(report))
+    )
     parts.append("<h2>Stragglers</h2>")
     parts.append(
         _table(tables.STRAGGLER_HEADER, tables.straggler_rows(report))
@@ -96,7 +100,10 @@ def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
     for key, title in PLOTS:
         if key in images:
             parts.append(f"<h2 id={key}>{title}</h2>" + _image(images[key], title))
-    parts.append("<h2>Ranks</h2>" + _table(tables.RANK_HEADER, tables.rank_rows(report)))
+    parts.append(
+        "<h2>Ranks</h2>"
+        + _table(tables.header(tables.rank_columns(report)), tables.rank_rows(report))
+    )
     notes = [f"{g}: absent: {why}" for g, why in report.absent.items()]
     notes += [f"skipped {p}: {why}" for p, why in report.skipped]
     notes.append(report.sacct_note)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from toolkit.runmodel import RATE_FIELD
 from toolkit.telemetry.read import RunData
 from toolkit.telemetry.report import curves
 from toolkit.telemetry.report.analysis import RankSeries, blocking_span
@@ -108,6 +109,7 @@ def throughput_plot(
     t0: float,
     path: Path,
     max_points: int,
+    unit: str = "tokens",
 ) -> Path:
     plt, (fig, ax) = figure(figsize=(11, 4))
     if series:
@@ -115,7 +117,9 @@ def throughput_plot(
         for attempt in np.unique(s.attempt):
             sel = s.attempt == attempt
             t = s.columns["wall_time"][sel]
-            y = s.columns["tokens_per_s"][sel]
+            y = s.columns[RATE_FIELD[unit] if RATE_FIELD[unit] in s.columns else "tokens_per_s"][
+                sel
+            ]
             # Break the line where steps stop (stall, gap) instead of drawing across.
             limit = max(5.0, 5 * float(np.median(np.diff(t)))) if len(t) > 1 else 5.0
             cuts = np.nonzero(np.diff(t) > limit)[0] + 1
@@ -123,7 +127,7 @@ def throughput_plot(
             for i, (ts, ys) in enumerate(zip(np.split(t, cuts), np.split(y, cuts), strict=True)):
                 points = max(10, max_points * len(ts) // max(1, len(t)))
                 bx, by = binned((ts - t0) / 60.0, ys, points)
-                label = f"tokens/s (attempt {attempt})" if i == 0 else None
+                label = f"{unit}/s (attempt {attempt})" if i == 0 else None
                 (line,) = ax.plot(bx, by, lw=0.8, label=label, color=color)
                 color = line.get_color()
     seen = set()
@@ -157,7 +161,7 @@ def throughput_plot(
         )
         seen.add("idle gap")
     ax.set_xlabel("minutes since start")
-    ax.set_ylabel("tokens/s (job)")
+    ax.set_ylabel(f"{unit}/s (job)")
     ax.set_title("Throughput with checkpoints, preemptions, restarts and idle gaps")
     ax.legend(loc="lower left", fontsize=8)
     ax.grid(alpha=0.3)
@@ -187,7 +191,13 @@ def write_plots(
             series, stragglers, t0, out / "step_time.png", max_points
         )
         out_paths["throughput_png"] = throughput_plot(
-            series, report.events, report.idle_gaps, t0, out / "throughput.png", max_points
+            series,
+            report.events,
+            report.idle_gaps,
+            t0,
+            out / "throughput.png",
+            max_points,
+            report.unit,
         )
     heat = gpu_heatmap(run, t0, max(t1, t0 + 1), out / "gpu_heatmap.png")
     if heat is not None:

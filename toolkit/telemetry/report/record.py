@@ -33,6 +33,8 @@ class Report:
     profiles: list[str] = field(default_factory=list)  # RUN_DIR/profiles/step<N>/rank<k>.json.gz
     scale: dict[str, Any] | None = None  # read through per-node summaries: how
     layout: dict[str, Any] = field(default_factory=dict)  # RUN_DIR/mesh.json: degrees, warnings
+    unit: str = "tokens"  # the model's throughput unit (RUN/model.json): tokens | samples
+    model: dict[str, Any] | None = None  # RUN/model.json as the run recorded it (None: none)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,4 +56,6 @@ class Report:
             "profiles": self.profiles,
             **({"scale": self.scale} if self.scale is not None else {}),
             "layout": self.layout,
+            "unit": self.unit,
+            "model": self.model,
         }

@@ -157,6 +157,10 @@ def _rank_stats(pieces: list[dict[str, Any]]) -> dict[str, float]:
         "median_step_s": mean("median_step_s"),
         "p99_step_s": max(p["p99_step_s"] for p in pieces),
         "median_tokens_per_s": mean("median_tokens_per_s"),
+        # A summary cached before samples/s was kept has none: NaN, not a KeyError.
+        "median_samples_per_s": float(
+            np.average([p.get("median_samples_per_s", np.nan) for p in pieces], weights=n)
+        ),
         "median_mfu": mean("median_mfu"),
         "data_wait_share": wait / step if step > 0 else 0.0,
     }

@@ -180,7 +180,8 @@ def rank_summary(t: Table, cfg: ReportConfig, curves: bool) -> dict[str, Any]:
     keep = np.arange(n) >= cfg.skip_first_steps
     if not keep.any():
         keep[:] = True
-    measured = {name: t[name][keep] for name in TERM_FIELDS + ("tokens_per_s", "mfu") if name in t}
+    rates = ("tokens_per_s", "samples_per_s", "mfu")
+    measured = {name: t[name][keep] for name in TERM_FIELDS + rates if name in t}
     st = measured["step_time_s"]
     wait = measured.get("data_wait_s", np.zeros(len(st)))
     out: dict[str, Any] = {
@@ -188,6 +189,7 @@ def rank_summary(t: Table, cfg: ReportConfig, curves: bool) -> dict[str, Any]:
         "median_step_s": _median(st),
         "p99_step_s": float(np.percentile(st, 99)),
         "median_tokens_per_s": _median(measured.get("tokens_per_s", np.array([]))),
+        "median_samples_per_s": _median(measured.get("samples_per_s", np.array([]))),
         "median_mfu": _median(measured.get("mfu", np.array([]))),
         "data_wait_share": float(wait.sum() / st.sum()) if st.sum() > 0 else 0.0,
         "medians": {name: _median(v) for name, v in measured.items()},

@@ -82,6 +82,49 @@ RANK_COLUMNS = [
 ]
 NODE_HEADER = [c.header for c in NODE_COLUMNS]
 RANK_HEADER = [c.header for c in RANK_COLUMNS]
+# The rate column in the model's unit: tokens/s for a token model, samples/s for any other.
+RATE_COLUMNS = {
+    "tokens": Column("tokens/s", "median_tokens_per_s", num),
+    "samples": Column("samples/s", "median_samples_per_s", num),
+}
+
+
+def in_unit(columns: list[Column], unit: str) -> list[Column]:
+    """`columns` with the rate column in `unit`."""
+    return [RATE_COLUMNS[unit] if c.key == "median_tokens_per_s" else c for c in columns]
+
+
+def node_columns(report: Report) -> list[Column]:
+    return in_unit(NODE_COLUMNS, report.unit)
+
+
+def rank_columns(report: Report) -> list[Column]:
+    return in_unit(RANK_COLUMNS, report.unit)
+
+
+def header(columns: list[Column]) -> list[str]:
+    return [c.header for c in columns]
+
+
+def throughput_line(report: Report) -> str:
+    """The job's rate in its model's unit and its MFU (medians over the ranks of each
+    rank's median; a step record's rate is the job's, all ranks), with where the FLOPs per
+    sample came from: the run's RUN/model.json."""
+    import numpy as np
+
+    key = RATE_COLUMNS[report.unit].key
+    rates = [r[key] for r in report.ranks if _ok(r.get(key))]
+    mfus = [r["median_mfu"] for r in report.ranks if _ok(r.get("median_mfu"))]
+    rate = f"{float(np.median(rates)):,.0f} {report.unit}/s" if rates else f"- {report.unit}/s"
+    mfu = f"MFU {100 * float(np.median(mfus)):.2f}%" if mfus else "MFU -"
+    m = report.model
+    source = (
+        f"{m['flops_per_sample']:.3g} FLOPs per sample, {m['num_params']:,} parameters "
+        f"({m['name']}, RUN/model.json)"
+        if m is not None
+        else "no RUN/model.json"
+    )
+    return f"Throughput: {rate} (median), {mfu} from {source}"
 
 
 def table_rows(columns: list[Column], rows: list[dict[str, Any]]) -> list[list[str]]:
@@ -89,11 +132,11 @@ def table_rows(columns: list[Column], rows: list[dict[str, Any]]) -> list[list[s
 
 
 def node_rows(report: Report) -> list[list[str]]:
-    return table_rows(NODE_COLUMNS, report.nodes)
+    return table_rows(node_columns(report), report.nodes)
 
 
 def rank_rows(report: Report) -> list[list[str]]:
-    return table_rows(RANK_COLUMNS, report.ranks)
+    return table_rows(rank_columns(report), report.ranks)
 
 
 STRAGGLER_HEADER = ["kind", "who", "score", "steps above margin", "metric"]
@@ -149,6 +192,7 @@ def print_report(report: Report, console: Any = None, max_rank_rows: int = 64) -
             table.add_row(*row)
         console.print(table)
 
+    console.print(throughput_line(report), soft_wrap=True)
     if report.layout:
         console.print(f"Layout: {report.layout.get('describe', '?')}")
         for line in report.layout.get("warnings", []):
@@ -163,17 +207,17 @@ def print_report(report: Report, console: Any = None, max_rank_rows: int = 64) -
             console.print(escape(line), soft_wrap=True)
         for path in report.profiles:
             console.print(f"profile: {path}", soft_wrap=True)
-    show("Nodes", NODE_HEADER, node_rows(report))
+    show("Nodes", header(node_columns(report)), node_rows(report))
     ranks = rank_rows(report)
     if len(ranks) > max_rank_rows:
         ranks = sorted(ranks, key=lambda r: -float(r[-1]) if r[-1] != "-" else 0)[:max_rank_rows]
         show(
             f"Ranks (the {max_rank_rows} with the highest straggler score of {len(report.ranks)})",
-            RANK_HEADER,
+            header(rank_columns(report)),
             ranks,
         )
     else:
-        show("Ranks", RANK_HEADER, ranks)
+        show("Ranks", header(rank_columns(report)), ranks)
     if report.stragglers:
         show("Stragglers", STRAGGLER_HEADER, straggler_rows(report))
     else:
