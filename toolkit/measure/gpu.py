@@ -20,6 +20,11 @@ step 5 starts after --plans-budget-s, 480 s, each capped at 60 s):
    steps; predicted vs measured step time and tokens/s, and whether the predicted order
    holds (Spearman). An off prediction is reported, not failed; a failed run fails.
 
+The ensemble step (toolkit.measure.gpu_ensemble): one step of K members of a small model
+(trainer.ensemble=K, vmap over stacked parameters) against K separate steps, K = 1, 8, 32,
+interleaved, medians; it fails only when the members' losses differ from their separate
+models' by more than rel 1e-4. Speed-ups are reported, not failed.
+
 A short table is printed last; everything is kept in OUT/gpu_check.json. Exit code 0 when
 every check passed, 1 otherwise. Without CUDA it says so and exits 0 having run nothing.
 """
@@ -215,6 +220,12 @@ def summary_table(report: dict[str, Any]):
     if "plans" in report:
         for row in plan_rows(report["plans"]):
             table.add_row(*row)
+    if "ensemble" in report:
+        from toolkit.measure.gpu_ensemble import ensemble_summary
+
+        for line in ensemble_summary(report["ensemble"]):
+            ok = "ok" if report["ensemble"]["ok"] else "FAILED"
+            table.add_row("ensemble vs K separate steps", ok, line)
     tel = report["telemetry"]
     table.add_row(
         "NVML telemetry",
@@ -276,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.measure.gpu_data import data_step  # device-resident data (issue 45)
 
     report["data"] = data_step(out / "data", device)
+    from toolkit.measure.gpu_ensemble import ensemble_step  # K models in one step (issue 45)
+
+    report["ensemble"] = ensemble_step(device)  # about 15 s on an H100
     report["plans"] = (
         {"skipped": "--no-plans"}
         if args.no_plans
@@ -296,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         report["nccl"].get("ok", False)
         and report["telemetry"]["runs_with_samples"] == report["telemetry"]["runs"] > 0
         and all("tokens_per_s" in r for r in report["runs"])
+        and report["ensemble"]["ok"]
         and plans_ok(report["plans"])
         and report["data"]["ok"]
     )

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.func import functional_call, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from toolkit.config.optim import OptimConfig
 from toolkit.config.trainer import TrainerConfig, member_names
@@ -146,7 +147,10 @@ def unbatchable(model: nn.Module) -> str | None:
     """The first module vmap cannot run per member (it updates a buffer in place while
     training), as one line naming it and what to do; None when there is none."""
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._NormBase) and module.track_running_stats:
+        # BatchNorm*, SyncBatchNorm, InstanceNorm* with running statistics (torch's public
+        # classes share no public base: what they have in common is this flag and buffer)
+        running = getattr(module, "running_mean", None) is not None
+        if getattr(module, "track_running_stats", False) and running:
             kind = type(module).__name__
             return (
                 f"model.{name or '(root)'}: {kind} updates running statistics in place, "
@@ -202,7 +206,13 @@ class Stack:
         def one(tensors: dict[str, torch.Tensor], batch: Batch) -> torch.Tensor:
             return functional_call(stateless, tensors, (batch,))
 
-        return vmap(one, in_dims=(0, None), randomness="different")(self.tensors(), batch)
+        run = vmap(one, in_dims=(0, None), randomness="different")
+        # Attention by the math kernel: its matmuls and softmax batch over the members. The
+        # fused kernels do not under vmap: CPU flash attention has no vmap rule (vmap loops
+        # over the members), CUDA's memory-efficient attention fails in backward ("LSE is
+        # not correctly aligned", torch 2.11 on an H100).
+        with sdpa_kernel(SDPBackend.MATH):
+            return run(self.tensors(), batch)
 
     def member_state(self, index: int) -> dict[str, torch.Tensor]:
         """Member `index`'s tensors as the plain model's state dict."""
@@ -238,6 +248,11 @@ def build_stack(build: Any, members: list[Member], loss: LossFn, device: torch.d
     return stack
 
 
+def world_size() -> int:
+    """The data-parallel ranks (1 without a process group: a benchmark's one process)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 class EnsembleStep:
     """The step strategy of an ensemble (toolkit.train.steps.StepStrategy): the members'
     forward/backward over the micro-batches, the stacked gradients averaged over the ranks
@@ -249,7 +264,7 @@ class EnsembleStep:
         self.model = stack.model
         self.device = device
         self.alive = alive
-        self.loss_ranks = dist.get_world_size()
+        self.loss_ranks = world_size()
         self._checked = False
 
     def forward_backward(self, micro_batches: MicroBatches) -> torch.Tensor:
@@ -282,7 +297,7 @@ class EnsembleStep:
 
     def _average_gradients(self) -> None:
         """DDP's mean over the ranks, as one flat all-reduce."""
-        world = dist.get_world_size()
+        world = world_size()
         params = [p for p in self.model.parameters() if p.grad is not None]
         if world == 1 or not params:
             return

@@ -1,0 +1,169 @@
+"""An ensemble's parts in one process (toolkit.train.ensemble*): the built-in time-series
+transformer stacked two members deep trains, step by step, what each member's own model,
+torch's AdamW and the toolkit's clipping train alone; a model vmap cannot batch and the
+settings an ensemble cannot combine with are refused in one line each."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from toolkit.config.compose import compose_raw, to_job
+from toolkit.config.optim import OptimConfig
+from toolkit.config.trainer import TrainerConfig, member_names, member_problems
+from toolkit.config.validate import problems
+from toolkit.distributed.fsdp import clip_grad_norm_
+from toolkit.errors import UserError
+from toolkit.train.ensemble import as_member_optim, build_stack, resolve_members
+from toolkit.train.ensemble_parts import build_ensemble
+from toolkit.train.models.registry import spec_config, spec_for
+from toolkit.train.optim import build_optimizer, build_scheduler
+
+STEPS = 4
+
+
+def tiny_ts():
+    job = to_job(
+        compose_raw(
+            [
+                "model=ts_transformer",
+                "model.num_series=6",
+                "model.num_targets=2",
+                "model.num_layers=1",
+                "model.dim=16",
+                "model.num_heads=2",
+                "data=returns",
+            ]
+        )
+    )
+    spec = spec_for(job.model)
+    cfg = spec_config(job.model)
+
+    def build() -> nn.Module:
+        model = spec.build(cfg)
+        spec.initialise(model)
+        return model
+
+    return spec, build
+
+
+def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(8, 12, 6, generator=g), torch.randn(8, 2, generator=g)) for _ in range(n)]
+
+
+def test_each_stacked_transformer_member_steps_as_its_own_model_and_adamw(
+    single_rank_group, tmp_path
+):
+    spec, build = tiny_ts()
+    optim = OptimConfig(warmup_steps=2, schedule="cosine")
+    trainer = TrainerConfig(
+        steps=STEPS,
+        ensemble=2,
+        members=[
+            {"seed": 4, "lr": 0.002},
+            {"seed": 9, "lr": 0.01, "weight_decay": 0.0, "warmup_steps": 0},
+        ],
+    )
+    cpu = torch.device("cpu")
+    parts = build_ensemble(trainer, optim, 0, build, spec.loss_of, cpu, tmp_path, 0)
+    data = batches(STEPS)
+    stacked_losses = []
+    for batch in data:
+        stacked_losses.append(parts.step.forward_backward([batch]).tolist())
+        parts.step.clip_grad_norm(optim.grad_clip)
+        parts.optimizer.step()
+        parts.optimizer.zero_grad(set_to_none=True)
+        parts.scheduler.step()
+    for member in resolve_members(trainer, 0, optim):
+        torch.manual_seed(member.seed)  # as task=train builds a separate run's model
+        model = build()
+        own = as_member_optim(optim, member)
+        optimizer, losses = build_optimizer(model, own), []
+        scheduler = build_scheduler(optimizer, own, STEPS)
+        for batch in data:
+            loss = spec.loss_of(model, batch)
+            loss.backward()
+            losses.append(loss.item())
+            clip_grad_norm_(model, optim.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+        got = [step[member.index] for step in stacked_losses]
+        assert got == pytest.approx(losses, rel=1e-5), member.name
+        mine = parts.stack.member_state(member.index)
+        for key, value in model.state_dict().items():
+            torch.testing.assert_close(mine[key], value, rtol=1e-5, atol=1e-6)
+    parts.members.close()
+
+
+class Running(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.norm = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        return self.norm(self.lin(x))
+
+
+def test_a_model_with_batchnorm_running_statistics_is_refused_in_one_line(tmp_path):
+    members = resolve_members(TrainerConfig(ensemble=3), 0, OptimConfig())
+    with pytest.raises(UserError) as refused:
+        build_stack(Running, members, lambda m, b: m(b).sum(), torch.device("cpu"))
+    assert str(refused.value) == (
+        "model.norm: BatchNorm1d updates running statistics in place, which vmap cannot do "
+        "per member; use LayerNorm or track_running_stats=False, or trainer.ensemble=1"
+    )
+
+
+def test_a_forward_vmap_cannot_run_per_member_is_refused_on_the_first_batch(
+    single_rank_group, tmp_path
+):
+    class Branching(nn.Module):  # data-dependent control flow
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 1)
+
+        def forward(self, x):
+            y = self.lin(x).mean()
+            return y if y > 0 else -y
+
+    trainer = TrainerConfig(ensemble=2)
+    cpu = torch.device("cpu")
+    parts = build_ensemble(
+        trainer, OptimConfig(), 0, Branching, lambda m, b: m(b), cpu, tmp_path, 0
+    )
+    with pytest.raises(UserError) as refused:
+        parts.step.forward_backward([torch.randn(3, 4)])
+    (line,) = str(refused.value).splitlines()
+    assert line.startswith("model: vmap cannot run it per member (")
+    assert "remove in-place buffer updates and data-dependent control flow" in line
+    parts.members.close()
+
+
+def test_ensemble_settings_are_refused_before_any_rank_starts():
+    base = ["model=gpt_tiny", "trainer.ensemble=4", "cluster.tasks_per_node=2"]
+    found = problems(to_job(compose_raw([*base, "parallel.tp=2", "optim=sgd"])))
+    assert (
+        "parallel.tp=2 with trainer.ensemble=4: an ensemble keeps all members whole in each "
+        "rank and combines with data parallelism only; set parallel.tp=1, or trainer.ensemble=1"
+    ) in found
+    assert any(
+        p.startswith("optim=") and "use optim=adamw, or trainer.ensemble=1" in p for p in found
+    )
+    t = TrainerConfig(ensemble=2, members=[{"name": "a b", "lr": -1, "depth": 3}, {"name": "x"}])
+    assert member_problems(t) == [
+        "trainer.members[0]: unknown key(s) depth; allowed: name, seed, lr, weight_decay, "
+        "warmup_steps, dropout",
+        "trainer.members[0].name='a b': must be letters, digits, '.', '_' or '-'",
+        "trainer.members[0].lr=-1: must be >= 0",
+    ]
+    assert member_problems(dataclasses.replace(t, members=[{}])) == [
+        "trainer.members: 1 entries for trainer.ensemble=2; give one per member, or none "
+        "(each member then takes the job's settings and seed + i)"
+    ]
+    assert member_names(32)[:2] == ["m00", "m01"] and member_names(4) == ["m0", "m1", "m2", "m3"]
