@@ -14,14 +14,9 @@ REFUSED = [
     ("optim.lr=inf", "optim.lr=inf: must be a finite number > 0"),
     ("optim.grad_clip=-1", "optim.grad_clip=-1.0: must be a finite number >= 0 (0: no clipping)"),
     ("optim.grad_clip=nan", "optim.grad_clip=nan: must be a finite number >= 0 (0: no clipping)"),
-    ("optim.beta1=nan", "optim.beta1=nan: must be a number in [0, 1) (e.g. 0.9, 0.95)"),
-    ("optim.beta1=1.5", "optim.beta1=1.5: must be a number in [0, 1) (e.g. 0.9, 0.95)"),
-    ("optim.beta2=inf", "optim.beta2=inf: must be a number in [0, 1) (e.g. 0.9, 0.95)"),
     ("optim.beta2=1.0", "optim.beta2=1.0: must be a number in [0, 1) (e.g. 0.9, 0.95)"),
-    ("optim.eps=-1e-8", "optim.eps=-1e-08: must be a finite number > 0 (e.g. 1e-8)"),
     ("optim.eps=nan", "optim.eps=nan: must be a finite number > 0 (e.g. 1e-8)"),
     ("optim.weight_decay=inf", "optim.weight_decay=inf: must be a finite number >= 0 (0: none)"),
-    ("optim.weight_decay=-0.1", "optim.weight_decay=-0.1: must be a finite number >= 0 (0: none)"),
     ("fault.hang_timeout_s=nan", "fault.hang_timeout_s=nan: must be a number"),
     ("fault.hang_timeout_s=-3", "fault.hang_timeout_s=-3.0: must be > 0 (or null: the default)"),
     (
@@ -52,6 +47,8 @@ def test_every_bad_adamw_setting_is_one_line_of_its_own() -> None:
         validate(job(*bad))
     named = [line.split("=")[0] for line in err.value.problems if line.startswith("optim.")]
     assert named == ["optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay"]
+    assert "optim.beta1=1.5: must be a number in [0, 1) (e.g. 0.9, 0.95)" in err.value.problems
+    assert "optim.eps=-1.0: must be a finite number > 0 (e.g. 1e-8)" in err.value.problems
     validate(job("optim.beta1=0", "optim.eps=1e-6", "optim.weight_decay=0"))  # edges allowed
 
 
@@ -79,5 +76,5 @@ def test_a_batch_far_past_the_device_memory_is_refused_naming_the_largest_term()
         validate(job("model=gpt_tiny", "trainer.micro_batch_size=100000"), RUNTIME_CHECKS)
     (line,) = err.value.problems
     assert line.startswith("trainer.micro_batch_size=100000: does not fit: peak ")
-    assert "largest term activations" in line and "(hardware=cpu)" in line
+    assert "largest term activations" in line and "(hardware=cpu: this host" in line
     validate(job("model=gpt_tiny", "trainer.micro_batch_size=8"), RUNTIME_CHECKS)  # fits
