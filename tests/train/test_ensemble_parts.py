@@ -6,6 +6,8 @@ settings an ensemble cannot combine with are refused in one line each."""
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,9 @@ from toolkit.train.ensemble import as_member_optim, build_stack, resolve_members
 from toolkit.train.ensemble_parts import build_ensemble
 from toolkit.train.models.registry import spec_config, spec_for
 from toolkit.train.optim import build_optimizer, build_scheduler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from userpkg.ensemble_models import WindowMLP  # noqa: E402  (a user's model, outside toolkit/)
 
 STEPS = 4
 
@@ -167,3 +172,41 @@ def test_ensemble_settings_are_refused_before_any_rank_starts():
         "(each member then takes the job's settings and seed + i)"
     ]
     assert member_names(32)[:2] == ["m00", "m01"] and member_names(4) == ["m0", "m1", "m2", "m3"]
+
+
+def test_each_member_drops_at_its_own_rate_and_a_member_at_zero_is_unaffected(
+    single_rank_group, tmp_path
+):
+    def build() -> nn.Module:
+        return WindowMLP(num_series=6, num_targets=2, window=12, hidden=16, dropout=0.3)
+
+    def loss(model, batch):
+        x, y = batch
+        return model.loss(model(x), y)
+
+    trainer = TrainerConfig(
+        steps=3, ensemble=2, members=[{"seed": 1, "dropout": 0.0}, {"seed": 2, "dropout": 0.5}]
+    )
+    optim = OptimConfig(warmup_steps=0)
+    parts = build_ensemble(trainer, optim, 0, build, loss, torch.device("cpu"), tmp_path, 0)
+    torch.manual_seed(1)
+    alone = build()
+    alone.drop.p = 0.0  # what trainer.ensemble=1 with members=[{seed: 1, dropout: 0.0}] runs
+    for batch in batches(3):
+        got = parts.step.forward_backward([batch])
+        assert got[0].item() == pytest.approx(loss(alone, batch).item(), rel=1e-6)
+        parts.optimizer.zero_grad(set_to_none=True)
+    parts.stack.model.eval()  # evaluation: no member drops anything
+    x, y = batches(1)[0]
+    evaluated = parts.step.eval_batch((x, y), False)[0]
+    torch.manual_seed(2)
+    second = build().eval()
+    assert evaluated[1].item() == pytest.approx(loss(second, (x, y)).item(), rel=1e-6)
+    parts.members.close()
+    with pytest.raises(UserError, match=r"trainer.members\[0\].dropout=0.1: the model has no"):
+        build_stack(
+            Running,
+            resolve_members(TrainerConfig(ensemble=2, members=[{"dropout": 0.1}, {}]), 0, optim),
+            lambda m, b: m(b).sum(),
+            torch.device("cpu"),
+        )
