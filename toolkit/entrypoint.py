@@ -18,6 +18,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
+from typing import Any
 
 from toolkit import descendants
 from toolkit.errors import UserError
@@ -44,11 +45,14 @@ def setup_logging(rank: int, run_dir: Path) -> None:
     root.addHandler(file)
 
 
-def fail_with_one_line(exc: UserError, rank: int, run_dir: Path, log: logging.Logger) -> None:
+def fail_with_one_line(
+    exc: UserError, rank: int, run_dir: Path, log: logging.Logger, every_rank: bool = False
+) -> None:
     """Every rank raises the same UserError (the condition is agreed or computed alike on
-    all of them): rank 0 says it in one line on stderr; each rank keeps it in its log."""
+    all of them): rank 0 says it in one line on stderr; each rank keeps it in its log.
+    `every_rank`: a condition of this rank alone (out of memory), said on its own stderr."""
     line = f"error: {exc}"
-    if rank == 0:
+    if rank == 0 or every_rank:
         print(line, file=sys.stderr, flush=True)
     try:
         log.info("rank %d stops: %s", rank, exc)  # the file handler keeps it; no traceback
@@ -68,6 +72,18 @@ def hold_run_dir(run_dir: Path) -> None:
         hold_for_attempt(run_dir, dict(os.environ))
     except RunDirBusy as exc:
         raise UserError(str(exc), EXIT_RUN_DIR_BUSY) from None
+
+
+def out_of_memory(exc: BaseException, job: Any, env: Any) -> UserError | None:
+    """A training rank out of memory, as one line (toolkit.train.out_of_memory); None for any
+    other failure, or where the job is a script of yours (its own traceback says more)."""
+    from toolkit.errors import EXIT_OUT_OF_MEMORY
+    from toolkit.train.out_of_memory import is_out_of_memory, out_of_memory_line
+
+    if job is None or job.script.enabled or not is_out_of_memory(exc):
+        return None
+    line = out_of_memory_line(exc, job, env.rank, env.local_world_size)
+    return UserError(line, EXIT_OUT_OF_MEMORY)
 
 
 def mark_bad_node(run_dir: Path, text: str) -> None:
@@ -90,6 +106,7 @@ def run_rank(run_dir: Path) -> int:
     from toolkit.tasks import OWN_PROCESS_GROUP, resolve_task, task_of
 
     env = discover()
+    job = None
     setup_logging(env.rank, run_dir)
     descendants.become_subreaper()  # orphans below this rank stay below it, to be ended
     log = logging.getLogger("toolkit.entrypoint")
@@ -124,6 +141,9 @@ def run_rank(run_dir: Path) -> int:
     except UserError as exc:  # the user can act on it: one line from rank 0, no traceback
         fail_with_one_line(exc, env.rank, run_dir, log)
     except BaseException as exc:  # noqa: BLE001 - every failure must surface with its rank
+        said = out_of_memory(exc, job, env)
+        if said is not None:
+            fail_with_one_line(said, env.rank, run_dir, log, every_rank=True)
         text = traceback.format_exc()
         log.error("rank %d failed: %s: %s\n%s", env.rank, type(exc).__name__, exc, text)
         try:

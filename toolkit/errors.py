@@ -20,6 +20,7 @@ EXIT_NONFINITE = 80  # the loss or grad norm went NaN/inf (trainer.on_nonfinite=
 # was applied or committed from that step; lower the learning rate, or resume and skip it
 EXIT_TELEMETRY_LOST = 81  # a node agent died for good (telemetry.on_agent_lost=stop): the
 # run stopped at the next step, with its final checkpoint; relaunch to resume
+EXIT_OUT_OF_MEMORY = 82  # a rank ran out of memory: said in one line with the settings to lower
 
 USER_ERROR_EXITS = frozenset(
     {
@@ -28,6 +29,7 @@ USER_ERROR_EXITS = frozenset(
         EXIT_NONFINITE,
         EXIT_RUN_DIR_BUSY,
         EXIT_TELEMETRY_LOST,
+        EXIT_OUT_OF_MEMORY,
     }
 )
 

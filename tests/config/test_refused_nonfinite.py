@@ -76,5 +76,5 @@ def test_a_batch_far_past_the_device_memory_is_refused_naming_the_largest_term()
         validate(job("model=gpt_tiny", "trainer.micro_batch_size=100000"), RUNTIME_CHECKS)
     (line,) = err.value.problems
     assert line.startswith("trainer.micro_batch_size=100000: does not fit: peak ")
-    assert "largest term activations" in line and "(hardware=cpu)" in line
+    assert "largest term activations" in line and "(hardware=cpu: this host" in line
     validate(job("model=gpt_tiny", "trainer.micro_batch_size=8"), RUNTIME_CHECKS)  # fits

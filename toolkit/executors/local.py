@@ -222,9 +222,10 @@ class LocalExecutor:
             send_hangs_to_trackers(run)  # no next attempt here to send it
             return EXIT_HANG
         if failed is not None and code in USER_ERROR_EXITS:
-            # Rank 0 said it in one line (on this terminal when followed); nothing to add.
-            if not (follow and (logs / "error-rank0.txt").exists()):
-                said = tail(logs / "error-rank0.txt") or tail(logs / f"error-rank{failed}.txt")
+            # The failing rank said it in one line; rank 0 on this terminal when followed
+            # (every rank says the same line, but for one rank's own: out of memory).
+            said = tail(logs / f"error-rank{failed}.txt") or tail(logs / "error-rank0.txt")
+            if not (follow and said and tail(logs / "error-rank0.txt") == said):
                 print(said.strip(), file=sys.stderr)
         elif failed is not None:
             report = tail(logs / f"error-rank{failed}.txt") or tail(logs / f"rank{failed}.err")

@@ -163,14 +163,17 @@ def predict_job(job: JobConfig, world: int | None = None, counted: Any = None) -
 REFUSE_OVER_CAPACITY = 1.5
 
 
-def memory_problems(job: JobConfig, world: int) -> list[str]:
+def memory_problems(
+    job: JobConfig, world: int, hardware: HardwareConfig | None = None, capacity: str = ""
+) -> list[str]:
     """The launcher's check that the job fits its devices' memory (toolkit.perfmodel.memory):
     one line naming the peak, the capacity and the largest term, before any rank starts to
-    fail in the allocator. Models the memory model does not cover are not checked."""
+    fail in the allocator. Models the memory model does not cover are not checked.
+    `hardware`: the profile to check against (the job's by default), named by `capacity`."""
+    hardware = hardware or job.hardware
+    capacity = capacity or f"hardware={hardware.name}"
     try:
-        p = packed(
-            predict(job.model, layout_from_job(job, world), job.hardware), job.trainer.ensemble
-        )
+        p = packed(predict(job.model, layout_from_job(job, world), hardware), job.trainer.ensemble)
     except Exception:  # noqa: BLE001 - no model of this job's memory: nothing to check
         return []
     if p.fits:
@@ -184,7 +187,7 @@ def memory_problems(job: JobConfig, world: int) -> list[str]:
     )
     what = (
         f"{field}: {p.does_not_fit()} "
-        f"(hardware={job.hardware.name}); lower trainer.micro_batch_size or data.seq_len, "
+        f"({capacity}); lower trainer.micro_batch_size or data.seq_len, "
         "raise trainer.grad_accum, or set parallel.activation_checkpointing=true"
     )
     if m["peak_bytes"] > REFUSE_OVER_CAPACITY * m["capacity_bytes"]:
