@@ -221,7 +221,13 @@ def test_a_user_model_trains_on_a_user_dataset_from_the_command_line_alone(tmp_p
     assert done.returncode == 0, done.stderr[-3000:]
     steps = read_jsonl(tmp_path / "metrics" / "rank0.jsonl")
     assert len(steps) == 6 and all(s["samples_per_s"] > 0 for s in steps)
+    assert all(s["mfu"] > 0 for s in steps[1:])  # from its FLOPs, counted on the first batch
     assert json.loads((tmp_path / "summary.json").read_text())["val_loss"] is not None
+    # What the run's readers take instead of building the model: RUN/model.json.
+    recorded = json.loads((tmp_path / "model.json").read_text())
+    assert recorded["unit"] == "samples" and recorded["tokens_per_sample"] == 0
+    assert recorded["flops_per_sample"] > 0 and recorded["num_params"] > 0
+    assert recorded["input_shape"] == [16, 48]  # one window: 16 steps x 48 series
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ here, which builds and instantiates what a config names. The pure model
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -101,13 +102,7 @@ def shape_of_run_model(model: RunModel) -> CountedShape:
     """What the performance model takes for a model recorded in a RUN/model.json: plain
     numbers, nothing built."""
     return CountedShape(
-        name=model.name,
-        flops_per_sample=model.flops_per_sample,
-        forward_flops_per_sample=model.forward_flops_per_sample,
-        num_params=model.num_params,
-        saved_bytes_per_sample=model.saved_bytes_per_sample,
-        units=model.units,
-        tokens_per_sample=model.tokens_per_sample,
+        **{f.name: getattr(model, f.name) for f in dataclasses.fields(CountedShape)}
     )
 
 
