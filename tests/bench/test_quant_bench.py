@@ -19,7 +19,7 @@ from toolkit.bench.quant_step import Utilisation
 TINY = [
     "--sizes", "small", "--ensemble", "2", "--batch", "16", "--lookback", "8", "--levels", "2",
     "--train-samples", "400", "--val-samples", "64", "--seconds", "0.05", "--warmup", "1",
-    "--eval-every", "2", "--target-loss", "5.0", "--threads", "0",
+    "--eval-every", "2", "--target-loss", "5.0", "--threads", "1",
 ]  # fmt: skip
 
 

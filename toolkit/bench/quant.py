@@ -28,9 +28,11 @@ from typing import Any
 
 import torch
 
-from toolkit.bench.quant_data import BookSpec, make_windows
+from toolkit.bench.quant_data import BookSpec, Windows, make_windows
 from toolkit.bench.quant_models import FAMILIES, SIZES, build, num_params
 from toolkit.bench.quant_step import Budget, Outcome, run_eager, run_graphed, sampler, trainee
+from toolkit.config.precision import PrecisionConfig
+from toolkit.distributed.step_overhead import set_matmul_precision
 
 MODES = ("eager", "graphed")
 
@@ -80,6 +82,12 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="the whole step as a CUDA graph (auto: eager and graphed on CUDA)",
     )
+    p.add_argument(
+        "--tf32",
+        choices=("on", "off"),
+        default="on",
+        help="fp32 matmuls on TF32 (Ampere and newer), as precision.tf32",
+    )
     p.add_argument("--repeats", type=positive(int), default=1)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--seed", type=int, default=0)
@@ -102,11 +110,46 @@ def modes_for(graphs: str, device: torch.device) -> tuple[str, ...] | str:
     return {"auto": MODES, "on": ("graphed",), "off": ("eager",)}[graphs]
 
 
+def run_config(
+    key: tuple[str, str, int, str],
+    args: argparse.Namespace,
+    windows: Windows,
+    budget: Budget,
+    device: torch.device,
+) -> Outcome | str:
+    """Train one configuration (family, size, members, mode) from its start; its outcome,
+    or what failed in one line (the other configurations still run)."""
+    family, size, members, mode = key
+
+    def make() -> torch.nn.Module:
+        return build(family, size, windows.features.shape[1], windows.lookback)
+
+    try:
+        t = trainee(make, members, device, args.lr, args.fused, capturable=mode == "graphed")
+        draw = sampler(windows, args.batch, args.seed)
+        run = run_graphed if mode == "graphed" else run_eager
+        return run(t, draw, windows, budget, device)
+    except Exception as exc:  # noqa: BLE001 - reported in the configuration's row
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first}"
+
+
 def row(
-    family: str, size: str, members: int, mode: str, batch: int, params: int, runs: list[Outcome]
+    family: str,
+    size: str,
+    members: int,
+    mode: str,
+    batch: int,
+    params: int,
+    outcomes: list[Outcome | str],
 ) -> dict[str, Any]:
     """One configuration's figures: rates are medians over the repeats, the rest from the
-    median run."""
+    median run; a failed run makes the row its error."""
+    failed = [o for o in outcomes if isinstance(o, str)]
+    if failed:
+        return {"family": family, "size": size, "params": params, "members": members,
+                "mode": mode, "error": failed[0]}  # fmt: skip
+    runs = [o for o in outcomes if isinstance(o, Outcome)]
     rates = [o.steps * batch / o.train_s for o in runs]
     median_run = sorted(runs, key=lambda o: o.steps * batch / o.train_s)[len(runs) // 2]
     o = median_run
@@ -138,7 +181,7 @@ def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per family, size and mode: the ensemble's model-samples/s over one model's samples/s
     (K members in one step against K separate steps); per family, size and members: graphed
     over eager samples/s."""
-    by = {(r["family"], r["size"], r["members"], r["mode"]): r for r in rows}
+    by = {(r["family"], r["size"], r["members"], r["mode"]): r for r in rows if "error" not in r}
     out = []
     for (family, size, members, mode), r in by.items():
         single = by.get((family, size, 1, mode))
@@ -184,9 +227,13 @@ def table(result: dict[str, Any]):
     ):
         t.add_column(name, justify="left" if name in ("model", "mode") else "right")
     for r in result["results"]:
+        model = f"{r['family']} {r['size']} ({r['params'] / 1e3:,.0f}k)"
+        if "error" in r:
+            t.add_row(model, str(r["members"]), r["mode"], "FAILED", r["error"])
+            continue
         split = " / ".join(f"{v:.2f}" for v in r["split_ms"].values())
         t.add_row(
-            f"{r['family']} {r['size']} ({r['params'] / 1e3:,.0f}k)",
+            model,
             str(r["members"]),
             r["mode"],
             f"{r['samples_per_s']:,.0f}",
@@ -210,12 +257,30 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --device cuda: no CUDA device visible", file=sys.stderr)
         return 2
     device = torch.device(want, 0) if want == "cuda" else torch.device("cpu")
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
     modes = modes_for(args.graphs, device)
     if isinstance(modes, str):
         print(f"error: {modes}", file=sys.stderr)
         return 2
+    threads = torch.get_num_threads()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    try:
+        result = run(args, device, modes)
+    finally:
+        torch.set_num_threads(threads)  # as it was: main may run inside another program
+    result["command"] = "toolkit bench quant " + shlex.join(sys.argv[1:] if argv is None else argv)
+    from rich.console import Console
+
+    Console(file=sys.stderr, width=200).print(table(result))
+    from toolkit.measure.results import print_json
+
+    print_json(result, args.json)
+    return 0
+
+
+def run(args: argparse.Namespace, device: torch.device, modes: tuple[str, ...]) -> dict[str, Any]:
+    """The grid of configurations, --repeats times over, and the result's JSON object."""
+    tf32 = set_matmul_precision(PrecisionConfig(tf32=args.tf32 == "on"), device)
     spec = BookSpec(
         levels=args.levels,
         lookback=args.lookback,
@@ -236,22 +301,20 @@ def main(argv: list[str] | None = None) -> int:
     grid = [
         (f, s, k, m) for f in args.families for s in args.sizes for k in memberships for m in modes
     ]
-    outcomes: dict[tuple, list[Outcome]] = {key: [] for key in grid}
-    params: dict[tuple, int] = {}
-    for _ in range(args.repeats):
-        for family, size, members, mode in grid:
-
-            def make(family: str = family, size: str = size) -> torch.nn.Module:
-                return build(family, size, spec.width, spec.lookback)
-
-            t = trainee(make, members, device, args.lr, args.fused, capturable=mode == "graphed")
-            params[(family, size)] = num_params(make())
-            draw = sampler(windows, args.batch, args.seed)
-            run = run_graphed if mode == "graphed" else run_eager
-            outcomes[(family, size, members, mode)].append(run(t, draw, windows, budget, device))
-            del t
+    outcomes: dict[tuple, list[Outcome | str]] = {key: [] for key in grid}
+    for _ in range(args.repeats):  # the whole grid again: configurations interleave
+        for key in grid:
+            outcomes[key].append(run_config(key, args, windows, budget, device))
     rows = [
-        row(f, s, max(1, k), m, args.batch, params[(f, s)], outcomes[(f, s, k, m)])
+        row(
+            f,
+            s,
+            max(1, k),
+            m,
+            args.batch,
+            num_params(build(f, s, spec.width, spec.lookback)),
+            outcomes[(f, s, k, m)],
+        )  # fmt: skip
         for f, s, k, m in grid
     ]
     val_y = windows.val()[1]
@@ -261,23 +324,17 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "date": datetime.date.today().isoformat(),
-        "command": "toolkit bench quant " + shlex.join(sys.argv[1:] if argv is None else argv),
         "data": {**vars(spec), "width": spec.width, "batch": args.batch},
         "target_loss": args.target_loss,
         "zero_prediction_val_loss": float(val_y.square().mean()),
         "seconds_per_run": args.seconds,
         "repeats": args.repeats,
         "fused": args.fused,
+        "tf32": tf32,
         "results": rows,
         "speedups": speedups(rows),
     }
-    from rich.console import Console
-
-    Console(file=sys.stderr, width=200).print(table(result))
-    from toolkit.measure.results import print_json
-
-    print_json(result, args.json)
-    return 0
+    return result
 
 
 if __name__ == "__main__":

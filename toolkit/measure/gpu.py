@@ -1,16 +1,18 @@
 """`python -m toolkit.measure.gpu [--out DIR] [--budget-s S]`: one-command GPU validation.
 
-On a CUDA machine, in under 10 minutes (no run of step 3 starts after --budget-s, 330 s by
-default, each capped at 120 s of training, so steps 1-4 end within 8 minutes; no pick of
-step 5 starts after --plans-budget-s, 480 s, each capped at 60 s):
+On a CUDA machine, in under 10 minutes (no run of step 3 starts after --budget-s, 240 s by
+default, each capped at 120 s of training; step 6's benchmark starts by 300 s and its
+training runs by 420 s; no pick of step 5 starts after --plans-budget-s, 480 s, each capped
+at 60 s):
 
 1. NCCL: a one-rank process group initialises and all-reduces a tensor on GPU 0.
 2. bf16 matmul peak of this GPU: a loop of 8192^3 matmuls timed with CUDA events.
 3. Training through the normal launcher (toolkit.measure.run, 1 rank, bf16, synthetic
-   data): the default model (gpt_small) and gpt_1b, each eager and with torch.compile;
-   tokens/s, MFU against the measured matmul peak and against the datasheet (hardware
-   preset chosen from the device name: h100, h200, a100), and the performance model's
-   memory estimate against torch.cuda.max_memory_allocated.
+   data): the default model (gpt_small) eager and with torch.compile, gpt_1b eager (its
+   compiled run was trimmed to make room for step 6); tokens/s, MFU against the measured
+   matmul peak and against the datasheet (hardware preset chosen from the device name:
+   h100, h200, a100), and the performance model's memory estimate against
+   torch.cuda.max_memory_allocated.
 4. NVML telemetry: every run records it with the toolkit's telemetry (toolkit/telemetry:
    the node agent samples NVML every 0.1 s with telemetry=fast into
    RUN_DIR/telemetry/node-<host>-attempt<k>.h5); the check counts the GPU rows written
@@ -19,6 +21,11 @@ step 5 starts after --plans-budget-s, 480 s, each capped at 60 s):
    layouts of gpt_1b on this GPU spread over the planner's ranking, each run for a few
    steps; predicted vs measured step time and tokens/s, and whether the predicted order
    holds (Spearman). An off prediction is reported, not failed; a failed run fails.
+6. Step overhead (toolkit.measure.gpu_overhead; --no-overhead skips it): `toolkit bench
+   quant` with GPU-sized settings (LSTM, TCN, ts_transformer; one model vs an ensemble of
+   16; eager vs the whole step as one CUDA graph; NVML utilisation), then ts_transformer
+   compiled with parallel.cuda_graphs off and on, whose first lines must say TF32 on, fused
+   AdamW and CUDA graphs as asked. Speed-ups are reported, not failed.
 
 The ensemble step (toolkit.measure.gpu_ensemble): one step of K members of a small model
 (trainer.ensemble=K, vmap over stacked parameters) against K separate steps, K = 1, 8, 32,
@@ -41,6 +48,7 @@ from typing import Any
 
 import torch
 
+from toolkit.measure.gpu_overhead import overhead_ok, overhead_rows, overhead_step
 from toolkit.measure.gpu_plans import add_plan_options, plan_rows, plan_step, plans_ok
 
 DATASHEET_PRESETS = {"H200": "h200", "H100": "h100", "A100": "a100"}
@@ -48,10 +56,14 @@ MODELS: dict[str, list[str]] = {
     "gpt_small": ["model=gpt_small", "data.seq_len=512", "trainer.micro_batch_size=16"],
     "gpt_1b": ["model=gpt_1b", "data.seq_len=2048", "trainer.micro_batch_size=4"],
 }
+# (model, compiled): gpt_1b's compiled run was trimmed to make room for step 6 (~2 minutes)
+RUNS = [("gpt_small", False), ("gpt_small", True), ("gpt_1b", False)]
 MEMORY_TOLERANCE = 0.10
 RUN_BUDGET_S = 120  # per run, from the start of training
-# No run starts after this many seconds: worst case ~330 + 20 (start-up) + 120 < 8 minutes.
-START_BUDGET_S = 330.0
+# No run starts after this many seconds: worst case ~240 + 20 (start-up) + 120 < 6.5 minutes.
+START_BUDGET_S = 240.0
+QUANT_START_S = 300.0  # step 6's benchmark starts by then (about 2 minutes)
+GRAPH_RUNS_START_S = 420.0  # and its two training runs (about 45 s each)
 
 
 def hardware_preset(device_name: str) -> str | None:
@@ -220,6 +232,12 @@ def summary_table(report: dict[str, Any]):
     if "plans" in report:
         for row in plan_rows(report["plans"]):
             table.add_row(*row)
+    overhead = report.get("overhead", {"skipped": "not run"})
+    if "skipped" in overhead:
+        table.add_row("step overhead", "skipped", overhead["skipped"])
+    else:
+        for row in overhead_rows(overhead):
+            table.add_row(*row)
     if "ensemble" in report:
         from toolkit.measure.gpu_ensemble import ensemble_summary
 
@@ -245,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
     add_plan_options(parser)
+    parser.add_argument(
+        "--no-overhead", action="store_true", help="skip step 6 (bench quant, CUDA graph runs)"
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if not torch.cuda.is_available():
         print(no_cuda_message())
@@ -269,21 +290,25 @@ def main(argv: list[str] | None = None) -> int:
         to_job(compose_raw([f"hardware={preset}"])).hardware.peak_flops_bf16 if preset else 0.0
     )
 
-    for model in MODELS:
-        for compile in (False, True):
-            if time.perf_counter() - started > args.budget_s:
-                report["runs"].append(
-                    {"name": model, "compile": compile, "reason": "time budget spent"}
-                )
-                continue
-            r = run_model(model, compile, preset, out, args.warmup, args.steps)
-            if "tokens_per_s" in r:
-                r["mfu_measured_peak"] = mfu_against(r, report["matmul_peak_flops"])
-                predicted = r.get("predicted_peak_memory_bytes")
-                measured = r.get("peak_memory_growth_bytes")
-                r["memory_ratio"] = measured / predicted if measured and predicted else None
-                r["telemetry_gpu_rows"] = gpu_telemetry_samples(Path(r["run_dir"]))
-            report["runs"].append(r)
+    for model, compile in RUNS:
+        if time.perf_counter() - started > args.budget_s:
+            report["runs"].append(
+                {"name": model, "compile": compile, "reason": "time budget spent"}
+            )
+            continue
+        r = run_model(model, compile, preset, out, args.warmup, args.steps)
+        if "tokens_per_s" in r:
+            r["mfu_measured_peak"] = mfu_against(r, report["matmul_peak_flops"])
+            predicted = r.get("predicted_peak_memory_bytes")
+            measured = r.get("peak_memory_growth_bytes")
+            r["memory_ratio"] = measured / predicted if measured and predicted else None
+            r["telemetry_gpu_rows"] = gpu_telemetry_samples(Path(r["run_dir"]))
+        report["runs"].append(r)
+    report["overhead"] = (
+        {"skipped": "--no-overhead"}
+        if args.no_overhead
+        else overhead_step(out / "overhead", started + QUANT_START_S, started + GRAPH_RUNS_START_S)
+    )
     from toolkit.measure.gpu_data import data_step  # device-resident data (issue 45)
 
     report["data"] = data_step(out / "data", device)
@@ -312,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         and all("tokens_per_s" in r for r in report["runs"])
         and report["ensemble"]["ok"]
         and plans_ok(report["plans"])
+        and ("skipped" in report["overhead"] or overhead_ok(report["overhead"]))
         and report["data"]["ok"]
     )
     table = summary_table(report)
