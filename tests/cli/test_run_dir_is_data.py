@@ -155,3 +155,28 @@ def test_report_started_inside_the_run_dir_imports_nothing_from_it(samples_run, 
     assert done.returncode == 0, done.stderr
     assert "report:" in done.stdout
     untouched(tmp_path / "root")
+
+
+def test_an_ensembles_recorded_model_counts_its_members():
+    """An ensemble of K records one member's counts and K; the performance model takes K
+    times the arithmetic, parameters and saved activations per sample."""
+    from toolkit.perfmodel.count_job import shape_of_run_model
+    from toolkit.runmodel import from_dict
+
+    member = {
+        "name": "WindowMLP",
+        "unit": "samples",
+        "flops_per_sample": 3264.0,
+        "forward_flops_per_sample": 1600.0,
+        "num_params": 818,
+        "param_bytes": 13088,
+        "tokens_per_sample": 0,
+        "saved_bytes_per_sample": 74.0,
+        "units": 1,
+        "input_shape": [16, 3],
+    }
+    one = shape_of_run_model(from_dict({**member, "ensemble": 1}))
+    four = shape_of_run_model(from_dict({**member, "ensemble": 4}))
+    assert (one.flops_per_sample, one.num_params) == (3264.0, 818)
+    assert (four.flops_per_sample, four.forward_flops_per_sample) == (4 * 3264.0, 4 * 1600.0)
+    assert (four.num_params, four.saved_bytes_per_sample) == (4 * 818, 4 * 74.0)

@@ -62,8 +62,8 @@ def run_model(job: JobConfig, batch: Any = None) -> RunModel:
         model = spec.build(cfg)
     units = max(1, len(spec.units_of(model)))
     tokens = job.data.seq_len if spec.unit == "tokens" else 0
-    # trainer.ensemble: K members of this model in one step (1 where the schema has none).
-    ensemble = max(1, int(getattr(job.trainer, "ensemble", 1)))
+    # trainer.ensemble: K members of this model in one step; the counts are one member's.
+    ensemble = max(1, job.trainer.ensemble)
     shape = input_shape(batch) if batch is not None else ([job.data.seq_len] if tokens else [])
     if spec.flops_per_sample is not None:  # the spec's own FLOPs: no counting needed
         flops = spec.flops_per_sample(cfg, job.data.seq_len)
@@ -100,9 +100,20 @@ def record_run_model(job: JobConfig, run_dir: Path, batch: Any = None) -> RunMod
 
 def shape_of_run_model(model: RunModel) -> CountedShape:
     """What the performance model takes for a model recorded in a RUN/model.json: plain
-    numbers, nothing built."""
-    return CountedShape(
+    numbers, nothing built. An ensemble of K members (recorded per member) is K times the
+    arithmetic, parameters and saved activations per sample."""
+    shape = CountedShape(
         **{f.name: getattr(model, f.name) for f in dataclasses.fields(CountedShape)}
+    )
+    k = model.ensemble
+    if k == 1:
+        return shape
+    return dataclasses.replace(
+        shape,
+        flops_per_sample=k * shape.flops_per_sample,
+        forward_flops_per_sample=k * shape.forward_flops_per_sample,
+        num_params=k * shape.num_params,
+        saved_bytes_per_sample=k * shape.saved_bytes_per_sample,
     )
 
 
