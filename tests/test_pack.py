@@ -199,3 +199,24 @@ def test_the_pointer_is_plain_json_and_redacts_the_overrides(tmp_path):
         "WANDB_API_KEY=<redacted>",
     ]
     assert Path(record["member_dir"]) == tmp_path / "pack0" / "members" / "r1"
+
+
+def test_the_sweep_benchmarks_trials_are_one_pack_of_a_users_tcn(tmp_path, monkeypatch):
+    """toolkit bench sweep-pack's sweep (its user TCN on a user dataset, lr x seed) packs into
+    one ensemble job whose members carry each trial's seed and learning rate."""
+    from toolkit.bench.sweep_pack import FIXTURES, sweep_command
+
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    overrides = sweep_command(["0.001", "0.002"], ["0", "1"], steps=2, slurm=False)
+    runs, cfgs = prepare(
+        expand([*overrides, "launch.pack=auto", f"hydra.sweep.dir={tmp_path}"], True), True
+    )
+    packing = pack_sweep(runs, cfgs)
+    (only,) = packing.runs
+    assert only.job.trainer.ensemble == 4
+    assert [(m["seed"], m["lr"]) for m in only.job.trainer.members] == [
+        (0, 0.001),
+        (1, 0.001),
+        (0, 0.002),
+        (1, 0.002),
+    ]

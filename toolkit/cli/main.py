@@ -38,6 +38,10 @@ BENCHES = {
         "toolkit.bench.quant",
         "LSTM/TCN/transformer training on order-book windows: one model vs an ensemble",
     ),
+    "sweep-pack": (
+        "toolkit.bench.sweep_pack",
+        "a lr x seed sweep of a small TCN: packed into one ensemble vs one launch per trial",
+    ),
     "script-launch": (
         "toolkit.bench.script_launch",
         "a user's script: launch-to-first-step vs torchrun (--slurm: srun), agent on vs off",
