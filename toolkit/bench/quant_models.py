@@ -38,8 +38,10 @@ class LSTM(nn.Module):
             h = x.new_zeros(x.shape[0], self.hidden)
             c = torch.zeros_like(h)
             outputs = []
-            for t in range(x.shape[1]):
-                i, f, g, o = (gates_in[:, t] + rec(h)).chunk(4, dim=-1)
+            # unbind once: indexing each step would make backward fill a full-size
+            # gradient per step (quadratic in the lookback)
+            for step in gates_in.unbind(1):
+                i, f, g, o = (step + rec(h)).chunk(4, dim=-1)
                 c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
                 h = torch.sigmoid(o) * torch.tanh(c)
                 outputs.append(h)
