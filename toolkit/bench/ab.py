@@ -97,6 +97,15 @@ CASES = {
         baseline="off",
         common=[*SMALL, "checkpoint.enabled=false"],
     ),
+    "deterministic": Case(
+        "trainer.deterministic (torch's deterministic algorithms, the cuBLAS workspace, "
+        "NCCL_ALGO=Ring and NCCL_PROTO=Simple; set by the rank's entrypoint: real launcher) "
+        "on against off",
+        {"off": [], "on": ["trainer.deterministic=true"]},
+        baseline="off",
+        runner="launch",
+        common=[*SMALL, "checkpoint.enabled=false", "telemetry=off"],
+    ),
     "lowbit": Case(
         "optimizer state bytes per parameter and step time, adamw against the low-bit states",
         {name: [f"optim={name}"] for name in ("adamw", "adamw8bit", "adamw_lowmem")},

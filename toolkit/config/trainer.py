@@ -28,6 +28,11 @@ class TrainerConfig:
     target_val_loss: float | None = None
     time_budget_s: float | None = None
     progress: bool = True  # rich progress bar on rank 0
+    # Two runs with the same seed give bitwise-equal results (not only a resume): torch's
+    # deterministic algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8 before CUDA starts, NCCL_ALGO=
+    # Ring and NCCL_PROTO=Simple (toolkit.distributed.determinism; rank 0's first lines say
+    # so). Costs step time on a GPU; docs/config.md, "Deterministic mode".
+    deterministic: bool = False
     # Your own hooks (toolkit.hooks.Hook), built in every rank and called after the
     # toolkit's: [{_target_: mypkg.callbacks.MyCallback, arg: 1}], the other keys keyword
     # arguments. A callback's eval_metrics() go into each eval event and summary.json.

@@ -27,6 +27,10 @@ at 60 s):
    compiled with parallel.cuda_graphs off and on, whose first lines must say TF32 on, fused
    AdamW and CUDA graphs as asked. Speed-ups are reported, not failed.
 
+The determinism step (toolkit.measure.gpu_determinism, about a minute): gpt_small with
+trainer.deterministic on, off, on (fresh launches); it fails when the two runs with the mode
+on differ in any step's loss or gradient norm, and reports the step time on against off.
+
 The ensemble step (toolkit.measure.gpu_ensemble): one step of K members of a small model
 (trainer.ensemble=K, vmap over stacked parameters) against K separate steps, K = 1, 8, 32,
 interleaved, medians; it fails only when the members' losses differ from their separate
@@ -315,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.measure.gpu_ensemble import ensemble_step  # K models in one step (issue 45)
 
     report["ensemble"] = ensemble_step(device)  # about 15 s on an H100
+    from toolkit.measure.gpu_determinism import determinism_step  # issue 47, ~1 minute
+
+    report["determinism"] = determinism_step(
+        out / "determinism",
+        ["model=gpt_small", "trainer.steps=12", "trainer.progress=false", "telemetry=off"],
+        order=("on", "off", "on"),
+    )
     report["plans"] = (
         {"skipped": "--no-plans"}
         if args.no_plans
@@ -339,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         and plans_ok(report["plans"])
         and ("skipped" in report["overhead"] or overhead_ok(report["overhead"]))
         and report["data"]["ok"]
+        and report["determinism"]["ok"]
     )
     table = summary_table(report)
     table.caption = f"{'passed' if ok else 'FAILED'} in {report['seconds']:.0f} s; details: {out}"
@@ -348,7 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{data['placement']}; equal to the host loader's batches: {data['bitwise_equal']}; "
         f"samples/s (medians): {data.get('paths', {}).get('median_samples_per_s')}"
     )
+    det = report["determinism"]
+    print(
+        f"trainer.deterministic: runs bitwise equal: {det['bitwise_equal']}; step time on/off "
+        f"{det.get('on_over_off')} (medians {det['median_step_s']}); errors {det['errors']}"
+    )
     return 0 if ok else 1
+
 
 
 if __name__ == "__main__":

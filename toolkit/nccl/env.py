@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.config.nccl import NcclConfig
+from toolkit.distributed.determinism import NCCL_DETERMINISTIC
 from toolkit.nccl.detect import Decision
 from toolkit.nccl.known import is_nccl_family
 
 # Lowest to highest precedence.
-SOURCES = ("detected", "profile", "environment", "config")
+SOURCES = ("detected", "profile", "deterministic", "environment", "config")
 
 
 @dataclass(frozen=True)
@@ -77,14 +78,17 @@ def resolve(
     environ: Mapping[str, str],
     rank: int,
     run_dir: Path,
+    deterministic: bool = False,
 ) -> dict[str, Setting]:
-    """Every variable this rank will run with, and where its value came from."""
+    """Every variable this rank will run with, and where its value came from
+    (`deterministic`: trainer.deterministic's fixed algorithm and protocol)."""
     layers: list[tuple[str, dict[str, str]]] = [
         (
             "detected",
             {d.name: d.value for d in decisions if d.name != "fabric" and d.value is not None},
         ),
         ("profile", {**toolkit_env(cfg, rank, run_dir), **cfg.profile_env}),
+        ("deterministic", dict(NCCL_DETERMINISTIC) if deterministic else {}),
         ("environment", {k: v for k, v in environ.items() if is_nccl_family(k)}),
         ("config", dict(cfg.env)),
     ]

@@ -33,16 +33,21 @@ class NcclSetup:
 
 
 def configure(
-    cfg: NcclConfig, env: DistEnv, run_dir: Path, environ: dict[str, str] | None = None
+    cfg: NcclConfig,
+    env: DistEnv,
+    run_dir: Path,
+    environ: dict[str, str] | None = None,
+    deterministic: bool = False,
 ) -> NcclSetup:
     """Detect, layer, check and export the NCCL/PyTorch variables of this rank; write
-    RUN_DIR/nccl-env-node<k>.json (local rank 0). Raises NcclSetupError naming rank and node."""
+    RUN_DIR/nccl-env-node<k>.json (local rank 0). Raises NcclSetupError naming rank and node.
+    `deterministic` (trainer.deterministic): a fixed algorithm and protocol."""
     target = os.environ if environ is None else environ
     host = socket.gethostname()
     where = f"rank {env.rank} on {host} (node {env.node_rank})"
     topo = scan(cfg.sysfs_root)
     fabric, decisions = plan(topo, cfg.profile, env.num_nodes)
-    settings = resolve(cfg, decisions, target, env.rank, run_dir)
+    settings = resolve(cfg, decisions, target, env.rank, run_dir, deterministic)
     merged = {name: s.value for name, s in settings.items()}
     for line in unknown_names(list(merged)):
         log.warning("nccl: %s", line)
