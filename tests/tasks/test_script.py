@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, launch
+from toolkit.cli.rundir import read_run
 from toolkit.errors import EXIT_HANG
 from toolkit.executors import rundir_lock
 from toolkit.launch import main as launch_main
@@ -158,8 +159,16 @@ def test_a_hung_rank_is_named_dumped_and_exits_79(tmp_path):
     )
     assert r.returncode == EXIT_HANG, r.stderr[-2000:]
     line = r.stderr.strip().splitlines()[-1]
-    assert line.startswith("hang: ranks 0,1") or line.startswith("hang: rank 1"), line
+    # Rank 0 waits in DDP's gradient all-reduce (its stacks: autograd's engine), rank 1 in
+    # the script's own sleep: rank 1 alone is named, here and in summary.json.
+    assert line.startswith("hang: rank 1 on node "), line
+    assert "while ranks 0 wait in backward" in line, line
     (hang,) = (tmp_path / "run" / "hangs").glob("2*")
+    summary = json.loads((hang / "summary.json").read_text())
+    assert summary["stuck_ranks"] == [1] and summary["waiting_ranks"] == [0]
+    # `toolkit status` and `runs` read the run as hung, with the hang's line, not running.
+    run = read_run(tmp_path / "run", ask_slurm=False)
+    assert (run.state, run.stop_reason, run.exit_code) == ("hung", summary["message"], 79)
     stacks = (hang / "stacks-rank1.txt").read_text()
     assert 'ddp_train.py", line' in stacks  # the script's own frame, where it blocks
 

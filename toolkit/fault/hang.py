@@ -19,6 +19,7 @@ import contextlib
 import faulthandler
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -157,7 +158,67 @@ def remove_stack_dump() -> None:
 SAME_STOP_S = 1.0
 
 
-def diagnose(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+# torch.distributed's collectives and point-to-point calls, as their Python frames in
+# distributed_c10d.py name them: a rank whose stack holds one of them is waiting there.
+COLLECTIVES = frozenset(
+    [
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "all_to_all",
+        "all_to_all_single",
+        "barrier",
+        "monitored_barrier",
+        "send",
+        "recv",
+        "batch_isend_irecv",
+    ]
+)
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+ in (?P<func>\S+)', re.MULTILINE)
+
+
+AUTOGRAD_ENGINE_FILE = "torch/autograd/graph.py"
+
+
+def _torch_path(path: str) -> str:
+    """A frame's file from its torch/ package directory on (the path as is elsewhere)."""
+    path = path.replace("\\", "/")
+    cut = path.rfind("/torch/")
+    return path[cut + 1 :] if cut >= 0 else path
+
+
+def collective_in_stacks(text: str) -> str | None:
+    """The torch.distributed collective a rank's stack dump (faulthandler's text, every
+    thread, most recent call first) shows it waiting in: a thread's innermost frame in
+    torch/distributed/distributed_c10d.py that is a collective, or "backward" for a thread
+    whose innermost frame is autograd's engine (where DDP's and FSDP's gradient reductions
+    are waited for: the collective runs in C++, with no Python frame of its own). None when
+    no thread is in either (the rank is elsewhere: its own code, a sleep, data loading)."""
+    for thread in re.split(r"^(?:Current thread|Thread) 0x[0-9a-f]+", text, flags=re.MULTILINE):
+        frames = [(_torch_path(f["file"]), f["func"]) for f in _FRAME.finditer(thread)]
+        if frames and frames[0] == (AUTOGRAD_ENGINE_FILE, "_engine_run_backward"):
+            return "backward"
+        for path, func in frames:
+            if path == "torch/distributed/distributed_c10d.py":
+                if func in COLLECTIVES:
+                    return func
+                break  # the thread's first c10d frame is not a collective
+    return None
+
+
+def diagnose(
+    ranks: list[dict[str, Any]], stack_ops: dict[int, str | None] | None = None
+) -> dict[str, Any]:
     """Stuck and waiting ranks from every rank's last heartbeat.
 
     Each entry: rank, host, step, entered_seq, entered_op, blocked_seq (0: not blocked in a
@@ -165,7 +226,12 @@ def diagnose(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     last saw it move, wall clock). The collective the others wait in is the earliest one a
     rank is blocked in; the ranks that never entered it are stuck. When every blocked rank
     has entered it too (a rank stuck inside it while others passed, or nobody blocked), the
-    ranks that stopped first (within SAME_STOP_S) are named."""
+    ranks that stopped first (within SAME_STOP_S) are named.
+
+    `stack_ops` (rank -> collective_in_stacks of its dump, for the ranks that dumped) decide
+    where the heartbeats know of no collective (a script's ranks: its wrapper sees CPU time
+    and output, not torch.distributed): the ranks whose stacks wait in a collective are
+    waiting, the others stuck; the collective's `seq` is then null (`from`: stacks)."""
     blocked = [r for r in ranks if r["blocked_seq"] > 0]
     collective = None
     waiting: list[int] = []
@@ -176,6 +242,15 @@ def diagnose(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         collective = {"op": op, "seq": seq}
         waiting = sorted(r["rank"] for r in blocked if r["blocked_seq"] == seq)
         stuck = [r for r in ranks if r["entered_seq"] < seq]
+    in_collective = {r: op for r, op in (stack_ops or {}).items() if op}
+    outside = [
+        r for r in ranks if r["rank"] in (stack_ops or {}) and r["rank"] not in in_collective
+    ]
+    if collective is None and in_collective and outside:
+        ops = sorted(in_collective.values())
+        collective = {"op": max(ops, key=ops.count), "seq": None, "from": "stacks"}
+        waiting = sorted(in_collective)
+        stuck = outside
     if not stuck and ranks:
         earliest = min(r["moved_unix"] for r in ranks)
         early = [r for r in ranks if r["moved_unix"] <= earliest + SAME_STOP_S]
@@ -200,5 +275,14 @@ def one_line(summary: dict[str, Any], directory: Path) -> str:
     where = f"node{'s' if len(hosts) != 1 else ''} {','.join(hosts) or '?'}"
     c = summary["collective"]
     # "stuck in X #n": the collective the others wait in, which these ranks did not reach
-    what = f"in {c['op']} #{c['seq']}" if c else f"outside collectives at step {summary['step']}"
+    if c and c["seq"] is None:  # from the stacks: the others wait in it, these never came
+        waiting = ",".join(map(str, summary["waiting_ranks"]))
+        what = (
+            f"outside collectives at step {summary['step']} while ranks {waiting} wait in "
+            f"{c['op']} (their stacks)"
+        )
+    elif c:
+        what = f"in {c['op']} #{c['seq']}"
+    else:
+        what = f"outside collectives at step {summary['step']}"
     return f"hang: {who} on {where} stuck {what} for {summary['stuck_for_s']:.0f} s; dumps in {directory}"

@@ -48,6 +48,7 @@ from typing import Any
 from toolkit.fault.hang import (
     DUMP_SIGNAL,
     SUMMARY,
+    collective_in_stacks,
     diagnose,
     hangs_dir,
     new_hang_dir,
@@ -306,7 +307,12 @@ class Watchdog:
                 node = json.loads(path.read_text())
                 nodes.append(node["host"])
                 ranks += node["ranks"]
-        summary = diagnose(ranks)
+        stack_ops = {}
+        for r in ranks:  # where each rank's own stacks say it waits (a script's ranks)
+            with contextlib.suppress(OSError):
+                text = (directory / f"stacks-rank{r['rank']}.txt").read_text()
+                stack_ops[r["rank"]] = collective_in_stacks(text)
+        summary = diagnose(ranks, stack_ops)
         summary["message"] = one_line(summary, directory)
         summary["time_unix"] = time.time()
         summary["nodes_reporting"] = nodes
