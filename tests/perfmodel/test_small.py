@@ -198,3 +198,13 @@ def test_a_small_model_on_an_h100_is_overhead_bound_and_the_device_path_keeps_up
     assert r.advice.data_path == DEVICE_PATH
     assert any(line.startswith("launch floor: ") for line in r.lines)
     assert r.lines[-1] == r.advice.line
+
+
+def test_an_ensemble_that_does_not_fit_is_refused_naming_the_members():
+    from toolkit.perfmodel.job import memory_problems
+
+    job = job_or_none(["model=gpt_small", "trainer.ensemble=5000"], [])
+    (line,) = memory_problems(job, 2)
+    assert line.startswith("trainer.ensemble=5000 with trainer.micro_batch_size=8: does not fit")
+    assert "pack fewer members (trainer.ensemble)" in line
+    assert memory_problems(job_or_none(["model=gpt_small", "trainer.ensemble=2"], []), 2) == []

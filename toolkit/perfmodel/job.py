@@ -185,9 +185,13 @@ def memory_problems(
         if t.global_batch_size is None
         else f"trainer.global_batch_size={t.global_batch_size}"
     )
+    fewer = ""
+    if t.ensemble > 1:  # K members: K x one model's memory (toolkit.perfmodel.small.packed)
+        field = f"trainer.ensemble={t.ensemble} with {field}"
+        fewer = "pack fewer members (trainer.ensemble), "
     what = (
         f"{field}: {p.does_not_fit()} "
-        f"({capacity}); lower trainer.micro_batch_size or data.seq_len, "
+        f"({capacity}); {fewer}lower trainer.micro_batch_size or data.seq_len, "
         "raise trainer.grad_accum, or set parallel.activation_checkpointing=true"
     )
     if m["peak_bytes"] > REFUSE_OVER_CAPACITY * m["capacity_bytes"]:
