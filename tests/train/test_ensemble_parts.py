@@ -6,6 +6,7 @@ settings an ensemble cannot combine with are refused in one line each."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -210,3 +211,24 @@ def test_each_member_drops_at_its_own_rate_and_a_member_at_zero_is_unaffected(
             lambda m, b: m(b).sum(),
             torch.device("cpu"),
         )
+
+
+def test_trackers_get_each_members_values_under_its_name(tmp_path):
+    from toolkit.events import Event, JsonlSink, StepRecord
+    from toolkit.tracking.base import event_scalars
+    from toolkit.train.ensemble_members import Members
+
+    trainer = TrainerConfig(ensemble=2, members=[{"name": "fast", "lr": 0.01}, {}])
+    members = Members(resolve_members(trainer, 0, OptimConfig()), tmp_path / "run", rank=0)
+    members.trackers = JsonlSink(tmp_path / "tracker", 0)  # what a tracker sink receives
+    members.observe([0.5, 0.7], [1.0, 2.0], [False, False], step=1)
+    record = StepRecord(1, 0.0, 0.1, 0.0, 0.1, 0.0, 0.6, 1.5, 0.0, 16, 160.0, 0.0, 0)
+    members.write_step(record, [0.01, 0.003])
+    members.close()
+    members.trackers.close()
+    (line,) = (tmp_path / "tracker" / "events-rank0.jsonl").read_text().splitlines()
+    scalars = event_scalars(Event(**json.loads(line)))
+    assert scalars["event/members/fast/loss"] == 0.5
+    assert scalars["event/members/m1/lr"] == 0.003
+    own = (tmp_path / "run" / "members" / "fast" / "metrics" / "rank0.jsonl").read_text()
+    assert json.loads(own)["loss"] == 0.5 and json.loads(own)["lr"] == 0.01

@@ -122,30 +122,56 @@ def pipeline_split(job: JobConfig, shape: MeshShape) -> list[int]:
 
 
 def choose_kernels(
-    model: torch.nn.Module, job: JobConfig, shape: MeshShape, device: torch.device, env: DistEnv
+    model: torch.nn.Module,
+    job: JobConfig,
+    shape: MeshShape,
+    device: torch.device,
+    env: DistEnv,
+    say: bool = True,
 ) -> str:
     """model.kernels resolved for this device and layout (toolkit.kernels.liger), set on the
-    model before it is split or sharded; rank 0 logs the choice and why."""
+    model before it is split or sharded; rank 0 logs the choice and why (`say`: an
+    ensemble's first member only)."""
     reasons: list[str] = []
     kernels = resolve_kernels(job.model.kernels, device, reasons, tp=shape.tp)
     reasons += use_kernels(model, kernels, compiled_blocks=job.parallel.compile)
-    if env.is_rank0:
+    if env.is_rank0 and say:
         log.info("kernels: %s (%s)", kernels, "; ".join(reasons))
     return kernels
 
 
 def new_model(
-    job: JobConfig, spec: ModelSpec, shape: MeshShape, device: torch.device, env: DistEnv
+    job: JobConfig,
+    spec: ModelSpec,
+    shape: MeshShape,
+    device: torch.device,
+    env: DistEnv,
+    say: bool = True,
 ) -> torch.nn.Module:
     """The model as the spec builds it from the current RNG state, its kernels chosen, and
-    initialised (on the meta device under parallel.meta_init: initialised after sharding)."""
+    initialised (on the meta device under parallel.meta_init: initialised after sharding).
+    `say`: log the kernels chosen (an ensemble's first member only)."""
     model = spec.build(spec_config(job.model))
     if isinstance(job.model, TransformerConfig):  # the built-ins' fused kernels
-        choose_kernels(model, job, shape, device, env)
+        choose_kernels(model, job, shape, device, env, say)
     if job.parallel.meta_init:
         return model.to("meta")
     spec.initialise(model)  # on CPU, before sharding: identical for every world size
     return model
+
+
+def member_builder(
+    job: JobConfig, spec: ModelSpec, shape: MeshShape, device: torch.device, env: DistEnv
+):
+    """new_model for each member of an ensemble, the kernels logged for the first only."""
+    count = 0
+
+    def build() -> torch.nn.Module:
+        nonlocal count
+        count += 1
+        return new_model(job, spec, shape, device, env, say=count == 1)
+
+    return build
 
 
 def build_model(
@@ -209,7 +235,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
             job.trainer,
             job.optim,
             job.seed,
-            functools.partial(new_model, job, spec, shape, device, env),
+            member_builder(job, spec, shape, device, env),
             spec.loss_of,
             device,
             run_dir,
