@@ -37,9 +37,10 @@ from toolkit.executors import PreparedRun, get_executor, rundir_lock
 from toolkit.files import write_private
 from toolkit.kernels.checks import kernel_problems
 from toolkit.nccl.checks import check_job as nccl_problems
+from toolkit.perfmodel.checks import memory_problems
 from toolkit.redact import redact
 from toolkit.tasks import task_problems
-from toolkit.train.model_checks import memory_problems, model_problems
+from toolkit.train.model_checks import model_problems
 from toolkit.train.targets import callback_problems, dataset_import_problems, optimizer_problems
 
 # Checks that need the runtime's knowledge (task names, NCCL's variables, which kernels can

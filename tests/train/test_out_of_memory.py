@@ -21,9 +21,9 @@ from tests.conftest import REPO
 from toolkit import descendants
 from toolkit.config.errors import ConfigError
 from toolkit.config.validate import validate
+from toolkit.distributed.host_memory import host_bytes_per_rank
 from toolkit.errors import EXIT_OUT_OF_MEMORY
 from toolkit.launch import RUNTIME_CHECKS
-from toolkit.train.model_checks import host_bytes_per_rank
 
 
 def refusal(*overrides: str) -> str:

@@ -46,3 +46,16 @@ def keep_freed_memory(environ: dict[str, str] | None = None) -> str:
     if mallopt(M_MMAP_MAX, 0) != 1 or mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) != 1:
         return "malloc settings unchanged (mallopt refused)"
     return "freed memory kept for reuse (glibc: mmap off, trim threshold 2 GiB)"
+
+
+def host_bytes_per_rank(ranks: int) -> float | None:
+    """This host's available memory (/proc/meminfo MemAvailable) shared by `ranks` ranks:
+    what each CPU rank has; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / max(1, ranks)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

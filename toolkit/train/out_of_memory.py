@@ -36,7 +36,7 @@ def _size(text: str) -> str:
 
 def out_of_memory_line(exc: BaseException, job: Any, rank: int, local_ranks: int) -> str:
     """One line: rank, what it tried to allocate, its memory, the settings to lower."""
-    from toolkit.train.model_checks import host_bytes_per_rank
+    from toolkit.distributed.host_memory import host_bytes_per_rank
 
     tried = TRIED.search(str(exc))
     what = f"tried to allocate {_size(tried.group(1))}" if tried else type(exc).__name__
