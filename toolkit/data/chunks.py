@@ -85,16 +85,17 @@ class ChunkStream:
         ready = None
         if self.cuda:
             index = [i.pin_memory() for i in index]
-            with torch.cuda.stream(self._side):
+            with torch.cuda.device(self.device), torch.cuda.stream(self._side):
                 moved = [s.to(self.device, non_blocking=True) for s in sources + index]
                 ready = torch.cuda.Event()
                 ready.record(self._side)
         else:
             moved = [s.to(self.device) for s in sources + index]
         tables = moved[: len(sources)] if rows is not None else tables
-        index = moved[len(sources) :]
-        subs_t = index[1] if subs is not None else None
-        return Chunk(k, tables, index[0], subs_t, ready, sources + index, rows is not None)
+        on_device = moved[len(sources) :]
+        subs_t = on_device[1] if subs is not None else None
+        copied = rows is not None
+        return Chunk(k, tables, on_device[0], subs_t, ready, sources + index, copied)
 
     def get(self, k: int) -> Chunk:
         """Chunk k, ready for the current stream; starts preparing chunk k + 1."""
