@@ -15,6 +15,7 @@ from toolkit.cli.export import main as export
 from toolkit.config.compose import compose_raw, to_job
 from toolkit.config.errors import ConfigError
 from toolkit.config.model import HFModelConfig
+from toolkit.config.parallel import problems as parallel_problems
 from toolkit.train.models import hf
 
 transformers = pytest.importorskip("transformers")
@@ -68,6 +69,13 @@ def test_tensor_parallelism_needs_a_published_plan_and_even_widths():
         "tensor-parallel rank needs an equal share"
     ]
     assert hf.tp_problems(to_job(compose_raw(LLAMA)).model, 2) == []
+    # Meta-device init would seed each tp rank's copy of the (whole) embeddings its own way.
+    meta = to_job(compose_raw([*LLAMA, "parallel.tp=2", "parallel.meta_init=true"]))
+    assert parallel_problems(meta.parallel, 2, meta.model) == [
+        "parallel.meta_init=true with parallel.tp=2: a Hugging Face model's embeddings stay "
+        "whole on every tensor-parallel rank, and each rank would initialise its copy with "
+        "its own seed; use parallel.meta_init=false"
+    ]
 
 
 @pytest.mark.slow

@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from toolkit.config.errors import switch, switch_problems
-from toolkit.config.model import ModelConfig, TransformerConfig, display_name, supports
+from toolkit.config.model import (
+    HFModelConfig,
+    ModelConfig,
+    TransformerConfig,
+    display_name,
+    supports,
+)
 
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -212,6 +218,12 @@ def _model_problems(par: ParallelConfig, shape: MeshShape, model: ModelConfig) -
         p.append(
             f"parallel.pp={shape.pp}: model {name} has no pipeline split; give its ModelSpec "
             "a pipeline split (docs/extending.md) or use parallel.pp=1"
+        )
+    if isinstance(model, HFModelConfig) and shape.tp > 1 and par.meta_init:
+        p.append(
+            f"parallel.meta_init=true with parallel.tp={shape.tp}: a Hugging Face model's "
+            "embeddings stay whole on every tensor-parallel rank, and each rank would "
+            "initialise its copy with its own seed; use parallel.meta_init=false"
         )
     if not isinstance(model, TransformerConfig):
         return p

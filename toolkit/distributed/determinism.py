@@ -21,8 +21,6 @@ import logging
 import os
 from collections.abc import MutableMapping
 
-import torch
-
 log = logging.getLogger("toolkit.determinism")
 
 CUBLAS_WORKSPACE = ":4096:8"
@@ -32,6 +30,8 @@ NCCL_DETERMINISTIC = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
 def enable_deterministic(is_rank0: bool, environ: MutableMapping[str, str] | None = None) -> str:
     """Turn the mode on in this process (before CUDA and the process group start) and
     return its one line, which rank 0 logs among the run's first lines."""
+    import torch  # here: the launcher imports NCCL_DETERMINISTIC without loading torch
+
     target = os.environ if environ is None else environ
     target.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)  # yours wins
     torch.use_deterministic_algorithms(True)
