@@ -1,7 +1,8 @@
 """An ensemble's parts in one process (toolkit.train.ensemble*): the built-in time-series
-transformer stacked two members deep trains, step by step, what each member's own model,
-torch's AdamW and the toolkit's clipping train alone; a model vmap cannot batch and the
-settings an ensemble cannot combine with are refused in one line each."""
+transformer stacked two members deep trains, step by step (two micro-batches each), what
+each member's own model, torch's AdamW and the toolkit's clipping train alone; each member
+drops at its own rate; a model vmap cannot batch and the settings an ensemble cannot
+combine with are refused in one line each."""
 
 from __future__ import annotations
 
@@ -76,10 +77,11 @@ def test_each_stacked_transformer_member_steps_as_its_own_model_and_adamw(
     )
     cpu = torch.device("cpu")
     parts = build_ensemble(trainer, optim, 0, build, spec.loss_of, cpu, tmp_path, 0)
-    data = batches(STEPS)
+    data = batches(2 * STEPS)  # two micro-batches a step: gradient accumulation
+    steps = [data[i : i + 2] for i in range(0, len(data), 2)]
     stacked_losses = []
-    for batch in data:
-        stacked_losses.append(parts.step.forward_backward([batch]).tolist())
+    for micro_batches in steps:
+        stacked_losses.append(parts.step.forward_backward(micro_batches).tolist())
         parts.step.clip_grad_norm(optim.grad_clip)
         parts.optimizer.step()
         parts.optimizer.zero_grad(set_to_none=True)
@@ -90,10 +92,13 @@ def test_each_stacked_transformer_member_steps_as_its_own_model_and_adamw(
         own = as_member_optim(optim, member)
         optimizer, losses = build_optimizer(model, own), []
         scheduler = build_scheduler(optimizer, own, STEPS)
-        for batch in data:
-            loss = spec.loss_of(model, batch)
-            loss.backward()
-            losses.append(loss.item())
+        for micro_batches in steps:
+            step_loss = 0.0
+            for batch in micro_batches:
+                loss = spec.loss_of(model, batch) / len(micro_batches)
+                loss.backward()
+                step_loss += loss.item()
+            losses.append(step_loss)
             clip_grad_norm_(model, optim.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
