@@ -274,42 +274,29 @@ def _loop(
     """Warm-up steps, then timed steps with a validation every eval_every steps (or
     eval_every_s) until the budget's training seconds are spent. Warnings torch raises on
     the way (e.g. an op vmap runs by a slow fallback) become the outcome's notes."""
+    out = Outcome()
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    utilisation = Utilisation(device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
-        out = _timed(t, draw, windows, budget, device, clock, step)
+        for _ in range(budget.warmup_steps):  # compile, autotune, first allocations
+            step(draw, False)
+        sync()
+        with utilisation:
+            while out.steps < budget.max_steps and out.train_s < budget.seconds:
+                started = time.perf_counter()
+                for _ in range(budget.eval_every):
+                    out.data_wait_s += step(draw, True)
+                    out.steps += 1
+                    if time.perf_counter() - started > budget.eval_every_s:
+                        break
+                sync()
+                out.train_s += time.perf_counter() - started
+                loss = validation_loss(t, windows)
+                out.val_curve.append((out.train_s, loss))
+                if out.time_to_target_s is None and loss <= budget.target_loss:
+                    out.time_to_target_s = out.train_s
     out.notes = sorted({str(w.message).split(".")[0] for w in caught})
-    return out
-
-
-def _timed(
-    t: Trainee,
-    draw: Callable[[], Batch],
-    windows: Windows,
-    budget: Budget,
-    device: torch.device,
-    clock: Clock,
-    step: Callable[..., float],
-) -> Outcome:
-    out = Outcome()
-    for _ in range(budget.warmup_steps):  # compile, autotune, first allocations
-        step(draw, False)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    sync()
-    utilisation = Utilisation(device)
-    with utilisation:
-        while out.steps < budget.max_steps and out.train_s < budget.seconds:
-            started = time.perf_counter()
-            for _ in range(budget.eval_every):
-                out.data_wait_s += step(draw, True)
-                out.steps += 1
-                if time.perf_counter() - started > budget.eval_every_s:
-                    break
-            sync()
-            out.train_s += time.perf_counter() - started
-            loss = validation_loss(t, windows)
-            out.val_curve.append((out.train_s, loss))
-            if out.time_to_target_s is None and loss <= budget.target_loss:
-                out.time_to_target_s = out.train_s
     out.split_s = clock.spans()
     out.gpu_util_pct, out.gpu_util_why = utilisation.mean(), utilisation.why
     return out
