@@ -13,6 +13,7 @@ step does not fit, the host loader takes over: never an out-of-memory error.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 from pathlib import Path
@@ -29,6 +30,8 @@ from toolkit.data.tables import DeviceWindows, MarketTables, TensorTables, as_te
 from toolkit.data.user import build, map_loader
 from toolkit.data.user import build_loaders as user_loaders
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
+
+log = logging.getLogger(__name__)
 
 MiB = 1 << 20
 KEYS_PER_CHUNK = 1 << 20  # samples whose keys one resident chunk carries (16 MiB of int64)
@@ -100,8 +103,10 @@ def place(
             raise UserError(f"data.placement=device: {unavailable}; use data.placement=auto")
         return Placement("host", f"data: host loader ({unavailable})")
     budget = f"a {mib(budget_bytes)} budget"
+    steps = min((budget_bytes // 2) // max(1, step_bytes), epoch_steps)
     if table_bytes <= budget_bytes:
-        return Placement("resident", f"data: device-resident, {mib(table_bytes)} of {budget}")
+        line = f"data: device-resident, {mib(table_bytes)} of {budget}"
+        return Placement("resident", line)
     host_share = host_available_bytes() // 2
     if table_bytes > host_share:
         return Placement(
@@ -109,14 +114,12 @@ def place(
             f"data: host loader ({mib(table_bytes)} of tables do not fit {budget}, nor half "
             f"the host's available memory, {mib(host_share)}, to stream from)",
         )
-    steps = (budget_bytes // 2) // max(1, step_bytes)
     if steps < 1:
         return Placement(
             "host",
             f"data: host loader ({mib(table_bytes)} do not fit {budget}, and one step's "
             f"{mib(step_bytes)} do not fit half of it; raise data.device_budget_mib)",
         )
-    steps = min(steps, epoch_steps)
     chunks = math.ceil(epoch_steps / steps)
     return Placement(
         "streamed",
@@ -155,9 +158,9 @@ class DeviceLoader:
     def _open(self) -> None:
         g = self.plan.global_batch_size
         src = self.source
-        if self.resident:
+        tables = self._resident_tables() if self.resident else None
+        if tables is not None:
             self._chunk_steps = max(1, min(KEYS_PER_CHUNK // g, -(-src.order.epoch_len // g)))
-            tables = src.device_tables(self.device)
         else:
             self._chunk_steps = self.steps_per_chunk
             tables = None
@@ -175,6 +178,28 @@ class DeviceLoader:
 
         self._stream = ChunkStream(host, plan, self.device, tables)
         self._stream_of = g
+
+    def _resident_tables(self) -> list[torch.Tensor] | None:
+        """The tables on the device; None, and streamed from now on, when the device's
+        memory no longer holds them (never an out-of-memory error for the data)."""
+        try:
+            return self.source.device_tables(self.device)
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+        # The budget came from the free memory before training; a quarter of what is free
+        # now per chunk (two chunks alive), at least one step.
+        host = self.source.host_tables()
+        row_bytes = sum(t[0].nbytes for t in host)
+        step_bytes = self.plan.global_batch_size * self.source.window_rows * row_bytes
+        free = torch.cuda.mem_get_info(self.device)[0]
+        epoch_steps = -(-self.source.order.epoch_len // self.plan.global_batch_size)
+        self.steps_per_chunk = max(1, min(epoch_steps, (free // 4) // max(1, step_bytes)))
+        log.warning(
+            "data: the tables no longer fit the device's memory; streamed in chunks of %d "
+            "steps instead (set data.device_budget_mib)",
+            self.steps_per_chunk,
+        )
+        return None
 
     def __iter__(self):
         return self
@@ -206,8 +231,9 @@ class DeviceLoader:
         p = self.plan
         g = p.global_batch_size
         ids = self.source.order.ids(step * g, (step + 1) * g)
-        on = self.device if self.resident else torch.device("cpu")
-        tables = self.source.device_tables(on) if self.resident else self.source.host_tables()
+        tables = self._resident_tables() if self.resident else None
+        on = self.device if tables is not None else torch.device("cpu")
+        tables = tables if tables is not None else self.source.host_tables()
         out = []
         for m in range(p.grad_accum):
             lo = (m * p.world_size + p.rank) * p.micro_batch_size
@@ -244,7 +270,13 @@ class MarketDeviceLoader(DeviceLoader):
     """The market's samples on the device; its state is the host loader's (DatasetLoader):
     the position and the normalisation, so either path resumes the other's checkpoint."""
 
-    def __init__(self, windows: DeviceWindows, plan: SamplePlan, device, steps_per_chunk=0):
+    def __init__(
+        self,
+        windows: DeviceWindows,
+        plan: SamplePlan,
+        device: torch.device,
+        steps_per_chunk: int = 0,
+    ):
         super().__init__(windows, plan, device, steps_per_chunk)
         self.windows = windows
         self.also_normalises: list[DeviceWindows] = []
