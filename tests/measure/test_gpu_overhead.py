@@ -79,7 +79,7 @@ class GivenRuns:
 
 def test_the_quant_settings_parse_and_the_training_runs_compose():
     args = quant_parser().parse_args(QUANT_ARGS)
-    assert (args.ensemble, args.batch, args.graphs, args.threads) == (16, 1024, "auto", 0)
+    assert (args.ensemble, args.batch, args.graphs, args.threads) == (16, 512, "auto", 0)
     for graphs in ("off", "on"):
         job = to_job(compose_raw([*GRAPH_RUN, f"parallel.cuda_graphs={graphs}"]))
         from toolkit.config.validate import problems

@@ -348,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         and all("tokens_per_s" in r for r in report["runs"])
         and report["ensemble"]["ok"]
         and plans_ok(report["plans"])
-        and ("skipped" in report["overhead"] or overhead_ok(report["overhead"]))
         and report["data"]["ok"]
         and report["determinism"]["ok"]
+        and ("skipped" in report["overhead"] or overhead_ok(report["overhead"]))
     )
     table = summary_table(report)
     table.caption = f"{'passed' if ok else 'FAILED'} in {report['seconds']:.0f} s; details: {out}"
@@ -366,7 +366,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{det.get('on_over_off')} (medians {det['median_step_s']}); errors {det['errors']}"
     )
     return 0 if ok else 1
-
 
 
 if __name__ == "__main__":
