@@ -36,6 +36,12 @@ The ensemble step (toolkit.measure.gpu_ensemble): one step of K members of a sma
 interleaved, medians; it fails only when the members' losses differ from their separate
 models' by more than rel 1e-4. Speed-ups are reported, not failed.
 
+The data step (toolkit.measure.gpu_data, about half a minute): the market's samples cut on
+the GPU, resident and streamed through pinned buffers and a side stream, must equal the
+host loader's bitwise, and tables that no longer fit the GPU's memory must stream instead of
+failing; `toolkit bench data --paths` reports the host loader's, the device path's and a
+plain gather's samples/s there (reported, not failed).
+
 A short table is printed last; everything is kept in OUT/gpu_check.json. Exit code 0 when
 every check passed, 1 otherwise. Without CUDA it says so and exits 0 having run nothing.
 """
