@@ -2,7 +2,7 @@
 
 On a CUDA machine, in under 10 minutes (no run of step 3 starts after --budget-s, 240 s by
 default, each capped at 120 s of training; step 6's benchmark starts by 300 s and its
-training runs by 420 s; no pick of step 5 starts after --plans-budget-s, 480 s, each capped
+training runs by 400 s; no pick of step 5 starts after --plans-budget-s, 480 s, each capped
 at 60 s):
 
 1. NCCL: a one-rank process group initialises and all-reduces a tensor on GPU 0.
@@ -72,8 +72,8 @@ MEMORY_TOLERANCE = 0.10
 RUN_BUDGET_S = 120  # per run, from the start of training
 # No run starts after this many seconds: worst case ~240 + 20 (start-up) + 120 < 6.5 minutes.
 START_BUDGET_S = 240.0
-QUANT_START_S = 300.0  # step 6's benchmark starts by then (about 2 minutes)
-GRAPH_RUNS_START_S = 420.0  # and its two training runs (about 45 s each)
+QUANT_START_S = 300.0  # step 6's benchmark starts by then (about a minute)
+GRAPH_RUNS_START_S = 400.0  # and its two training runs (about 45 s each)
 
 
 def hardware_preset(device_name: str) -> str | None:
