@@ -5,13 +5,18 @@ algorithm and protocol layered with the other NCCL variables (a value of yours w
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
+from tests.conftest import REPO
 from toolkit.config.nccl import NcclConfig
 from toolkit.distributed.determinism import enable_deterministic
 from toolkit.measure.gpu_determinism import determinism_step
 from toolkit.nccl.env import resolve
+
+FIXTURES = REPO / "tests" / "fixtures"
 
 
 def test_the_fixed_nccl_algorithm_and_protocol_are_layered_with_their_source(tmp_path):
@@ -43,12 +48,25 @@ def test_the_mode_sets_torch_and_cublas_and_says_so():
 
 @pytest.mark.slow
 @pytest.mark.load_tolerant
-def test_two_runs_with_the_same_seed_are_bitwise_equal(tmp_path):
-    """2 ranks, the tiny GPT, a DataLoader worker per rank: every step's loss and gradient
-    norm equal bit for bit between two fresh runs, each saying the mode is on. The GPU
-    check's determinism step, run here on the CPU (the GPU adds the off runs for its cost)."""
-    tiny = ["model=gpt_tiny", "data.seq_len=64", "data.num_workers=1", "trainer.steps=3"]
-    quiet = ["trainer.eval_batches=1", "trainer.progress=false", "telemetry=off", "seed=7"]
-    result = determinism_step(tmp_path, [*tiny, *quiet], order=("on", "on"), warmup=0)
+def test_two_runs_with_the_same_seed_are_bitwise_equal(tmp_path, monkeypatch):
+    """2 ranks, a user's LSTM on a user's dataset that adds random noise in its DataLoader
+    workers (2 per rank): every step's loss and gradient norm equal bit for bit between two
+    fresh runs, each saying the mode is on. The GPU check's determinism step, run here on
+    the CPU (the GPU adds runs with the mode off, for its cost)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), str(REPO)]))
+    model = ["model._target_=userpkg.models.LSTMForecaster", "model.hidden=8"]
+    shape = ["model.num_series=4", "model.num_targets=2", "data.num_series=4"]
+    data = [
+        "data._target_=userpkg.augmented.AugmentedSeries",
+        "data.length=256",
+        "data.window=16",
+        "data.num_targets=2",
+        "data.seq_len=16",
+        "data.num_workers=2",
+    ]
+    run = ["trainer.steps=3", "trainer.global_batch_size=8", "trainer.eval_batches=1"]
+    quiet = ["trainer.progress=false", "telemetry=off", "seed=7"]
+    overrides = [*model, *shape, *data, *run, *quiet]
+    result = determinism_step(tmp_path, overrides, order=("on", "on"), warmup=0)
     assert result["errors"] == []
     assert result["runs_on"] == 2 and result["bitwise_equal"] and result["ok"]
