@@ -88,10 +88,14 @@ def test_gpu_utilisation_is_nvmls_mean_while_the_steps_run():
         def nvmlDeviceGetUtilizationRates(self, handle):
             return SimpleNamespace(gpu=60 + 20 * (len(calls) % 2), memory=0)
 
+        def nvmlShutdown(self):
+            calls.append("shutdown")
+
     with Utilisation(torch.device("cuda", 0), FakeNvml(), interval_s=0.005) as util:
         while len(util.samples) < 4:
             calls.append("step")
             torch.zeros(1).add_(1)
     assert util.why is None and 60 <= util.mean() <= 80
+    assert (calls[0], calls[-1]) == ("init", "shutdown")
     absent = Utilisation(torch.device("cuda", 0), SimpleNamespace())  # no nvmlInit
     assert absent.mean() is None and absent.why.startswith("NVML unavailable: AttributeError")

@@ -148,6 +148,7 @@ class Utilisation:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+            self._nvml.nvmlShutdown()  # NVML counts its inits: one shutdown for ours
 
     def mean(self) -> float | None:
         return sum(self.samples) / len(self.samples) if self.samples else None
