@@ -305,6 +305,8 @@ def run(args: argparse.Namespace, device: torch.device, modes: tuple[str, ...]) 
     for _ in range(args.repeats):  # the whole grid again: configurations interleave
         for key in grid:
             outcomes[key].append(run_config(key, args, windows, budget, device))
+            if device.type == "cuda":  # what the configuration reserved, its graph's pool too
+                torch.cuda.empty_cache()
     rows = [
         row(
             f,

@@ -177,13 +177,17 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
 
 
-def validation_loss(t: Trainee, windows: Windows) -> float:
-    """The members' median validation loss (the model's, for one)."""
+def validation_loss(t: Trainee, windows: Windows, chunk: int = 1024) -> float:
+    """The members' median validation loss (the model's, for one), over the validation
+    windows `chunk` at a time (an ensemble's activations for all of them at once could be
+    many GB on a GPU)."""
     t.module.eval()
+    total = torch.zeros(t.members, device=windows.val_ends.device)
     with torch.no_grad():
-        losses = t.losses(windows.val())
+        for ends in windows.val_ends.split(chunk):
+            total += t.losses(windows.batch(ends)).float() * ends.numel()
     t.module.train()
-    return float(losses.float().median())
+    return float((total / windows.val_ends.numel()).median())
 
 
 def sampler(windows: Windows, batch: int, seed: int) -> Callable[[], Batch]:
