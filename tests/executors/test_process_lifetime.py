@@ -125,3 +125,25 @@ def test_a_rank_log_is_capped_and_rotated_keeping_the_newest_output(tmp_path):
     assert sorted(p.name for p in (run / "logs").glob("rank0.out*")) == ["rank0.out", "rank0.out.1"]
     first = rotated.read_text().splitlines()[0]
     assert int(first[:8]) > 2048  # the oldest megabytes were dropped
+
+
+@pytest.mark.slurm
+def test_on_the_dev_slurm_cluster_a_scripts_setsid_daemon_ends_with_its_step(
+    slurm_cluster, tmp_path
+):
+    """The dev cluster tracks processes by their parent links (proctrack/linuxproc), which a
+    daemon re-parented to init escapes; under the rank's subreaper it stays below the rank,
+    which ends it with the step. (proctrack/cgroup would end it through the step's cgroup.)"""
+    pids = tmp_path / "pids"
+    done = subprocess.run(
+        ["sbatch", "--wait", "-N1", "--ntasks-per-node=1", "--time=00:05:00",
+         f"--output={tmp_path}/slurm-%j.out", "jobs/script.sbatch", f"script.path={LEAVES}",
+         f"script.args=[{pids}]", "launch.kill_grace_s=0.5", "telemetry=off",
+         f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=REPO, env=dict(slurm_cluster.env, PYTHONPATH=str(REPO), TOOLKIT_PYTHON=sys.executable),
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    logs = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert done.returncode == 0, done.stdout + done.stderr + logs[-3000:]
+    child, daemon, _script = map(int, pids.read_text().split())
+    assert still_running([child, daemon], within_s=0) == []
