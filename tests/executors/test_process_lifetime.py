@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -30,19 +31,24 @@ def still_running(pids: list[int], within_s: float) -> list[int]:
     return left
 
 
+def run_alone(script: str, args: str, run: Path, *more: str):
+    """`script` with `args` on one local rank without telemetry, into run dir `run`."""
+    return launch(
+        f"script.path={script}",
+        f"script.args={args}",
+        "cluster.tasks_per_node=1",
+        "telemetry=off",
+        f"hydra.run.dir={run}",
+        *more,
+        timeout=120,
+    )
+
+
 def test_a_scripts_forked_child_and_setsid_daemon_end_with_the_job(tmp_path):
     """Both ignore SIGTERM; the daemon left the script's session, so a kill of the process
     group would miss it. The rank adopted both (a child subreaper) and ended them."""
     run, pids = tmp_path / "run", tmp_path / "pids"
-    r = launch(
-        f"script.path={LEAVES}",
-        f"script.args=[{pids}]",
-        "cluster.tasks_per_node=1",
-        "launch.kill_grace_s=0.5",
-        "telemetry=off",
-        f"hydra.run.dir={run}",
-        timeout=120,
-    )
+    r = run_alone(LEAVES, f"[{pids}]", run, "launch.kill_grace_s=0.5")
     assert r.returncode == 0, r.stderr[-2000:]
     child, daemon, _script = map(int, pids.read_text().split())
     assert still_running([child, daemon], within_s=0) == []
@@ -108,16 +114,7 @@ def test_a_rank_log_is_capped_and_rotated_keeping_the_newest_output(tmp_path):
     one rotated file hold about 2 MiB, the newest lines among them."""
     run = tmp_path / "run"
     script = str(REPO / "tests" / "fixtures" / "scripts" / "prints_much.py")
-    r = launch(
-        f"script.path={script}",
-        "script.args=[5]",
-        "cluster.tasks_per_node=1",
-        "launch.follow=false",
-        "launch.max_log_bytes=1048576",
-        "telemetry=off",
-        f"hydra.run.dir={run}",
-        timeout=120,
-    )
+    r = run_alone(script, "[5]", run, "launch.follow=false", "launch.max_log_bytes=1048576")
     assert r.returncode == 0, r.stderr[-2000:]
     out, rotated = run / "logs" / "rank0.out", run / "logs" / "rank0.out.1"
     assert out.read_text().endswith("the end\n")
