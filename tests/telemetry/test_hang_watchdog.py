@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launch, losses
+from toolkit.cli.rundir import read_run
 from toolkit.config.telemetry import ReportConfig
 from toolkit.errors import EXIT_HANG
 from toolkit.fault.hang import read_hang_summary
@@ -92,6 +93,8 @@ def test_a_rank_hanging_outside_collectives_is_named(tmp_path, tiny) -> None:
     assert summary["waiting_ranks"] == [1]  # rank 1 went on into the next step's collective
     text = (hang / "stacks-rank0.txt").read_text()
     assert "in hang_forever" in text and "in fit" in text and "in train_step" not in text
+    run = read_run(tmp_path, ask_slurm=False)  # what `toolkit status` and `runs` show
+    assert (run.state, run.stop_reason, run.exit_code) == ("hung", summary["message"], 79)
 
 
 @pytest.mark.slow
