@@ -20,7 +20,7 @@ from pathlib import Path
 from toolkit import descendants
 from toolkit.config.shape import local_gpu_count, tasks_per_node
 from toolkit.distributed.env import free_port
-from toolkit.errors import EXIT_HANG, USER_ERROR_EXITS
+from toolkit.errors import EXIT_HANG, EXIT_OUT_OF_MEMORY, USER_ERROR_EXITS
 from toolkit.executors import PreparedRun, repo_root, rundir_lock
 from toolkit.executors.rank_start import Rank, RankServer, use_fork
 from toolkit.fault.hang import hang_summaries
@@ -222,10 +222,13 @@ class LocalExecutor:
             send_hangs_to_trackers(run)  # no next attempt here to send it
             return EXIT_HANG
         if failed is not None and code in USER_ERROR_EXITS:
-            # The failing rank said it in one line; rank 0 on this terminal when followed
-            # (every rank says the same line, but for one rank's own: out of memory).
-            said = tail(logs / f"error-rank{failed}.txt") or tail(logs / "error-rank0.txt")
-            if not (follow and said and tail(logs / "error-rank0.txt") == said):
+            # Every rank says the same line, rank 0 on this terminal when followed; out of
+            # memory is one rank's own, said by that rank.
+            sayer = failed if code == EXIT_OUT_OF_MEMORY else 0
+            if not (follow and sayer == 0 and (logs / "error-rank0.txt").exists()):
+                said = tail(logs / f"error-rank{sayer}.txt") or tail(
+                    logs / f"error-rank{failed}.txt"
+                )
                 print(said.strip(), file=sys.stderr)
         elif failed is not None:
             report = tail(logs / f"error-rank{failed}.txt") or tail(logs / f"rank{failed}.err")
