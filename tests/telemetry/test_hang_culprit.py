@@ -36,11 +36,23 @@ Current thread 0x00007f495ce86b80 (most recent call first):
   File "/home/me/fsdp_train.py", line 52 in main
   File "/home/me/fsdp_train.py", line 67 in <module>
 """
-INSIDE_C10D_BUT_NOT_A_COLLECTIVE = f"""\
+WAITING_FOR_PEERS_TO_JOIN = f"""\
 Current thread 0x00007f495ce86b80 (most recent call first):
   File "{SITE}/torch/distributed/rendezvous.py", line 200 in _create_c10d_store
   File "{SITE}/torch/distributed/distributed_c10d.py", line 1700 in init_process_group
   File "/home/me/fsdp_train.py", line 30 in main
+"""
+WAITING_ON_AN_ASYNC_ALL_GATHER = f"""\
+Current thread 0x00007f495ce86b80 (most recent call first):
+  File "{SITE}/torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py", line 300 in foreach_all_gather_copy_out
+  File "{SITE}/torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py", line 330 in wait_for_unshard
+  File "/home/me/fsdp_train.py", line 56 in main
+"""
+IMPORTING_IN_ITS_OWN_CODE = f"""\
+Current thread 0x00007f495ce86b80 (most recent call first):
+  File "<frozen importlib._bootstrap>", line 241 in _call_with_frames_removed
+  File "{SITE}/torch/distributed/fsdp/__init__.py", line 1 in <module>
+  File "/home/me/fsdp_train.py", line 3 in <module>
 """
 
 
@@ -48,7 +60,9 @@ def test_a_ranks_stacks_say_which_collective_it_waits_in():
     assert collective_in_stacks(WAITING_IN_ALL_REDUCE) == "all_reduce"
     assert collective_in_stacks(WAITING_IN_DDP_BACKWARD) == "backward"
     assert collective_in_stacks(IN_THE_USERS_SLEEP) is None
-    assert collective_in_stacks(INSIDE_C10D_BUT_NOT_A_COLLECTIVE) is None
+    assert collective_in_stacks(WAITING_FOR_PEERS_TO_JOIN) == "_create_c10d_store"
+    assert collective_in_stacks(WAITING_ON_AN_ASYNC_ALL_GATHER) == "foreach_all_gather_copy_out"
+    assert collective_in_stacks(IMPORTING_IN_ITS_OWN_CODE) is None
     assert collective_in_stacks("") is None
 
 

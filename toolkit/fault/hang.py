@@ -198,22 +198,25 @@ def _torch_path(path: str) -> str:
 
 
 def collective_in_stacks(text: str) -> str | None:
-    """The torch.distributed collective a rank's stack dump (faulthandler's text, every
-    thread, most recent call first) shows it waiting in: a thread's innermost frame in
-    torch/distributed/distributed_c10d.py that is a collective, or "backward" for a thread
-    whose innermost frame is autograd's engine (where DDP's and FSDP's gradient reductions
-    are waited for: the collective runs in C++, with no Python frame of its own). None when
-    no thread is in either (the rank is elsewhere: its own code, a sleep, data loading)."""
+    """What a rank's stack dump (faulthandler's text, every thread, most recent call first)
+    shows it waiting in on its peers: a thread's first frame in torch/distributed/
+    distributed_c10d.py that is a collective (its name); "backward" for a thread whose
+    innermost frame is autograd's engine (DDP's and FSDP's gradient reductions are waited
+    for there, in C++, with no Python frame of their own); else the function of a thread
+    whose innermost frame is in torch/distributed/ (an async collective's wait() inside
+    FSDP's code, a rendezvous waiting for the other ranks to join). None when no thread is
+    in any (the rank is elsewhere: its own code, a sleep, data loading)."""
+    innermost = None
     for thread in re.split(r"^(?:Current thread|Thread) 0x[0-9a-f]+", text, flags=re.MULTILINE):
         frames = [(_torch_path(f["file"]), f["func"]) for f in _FRAME.finditer(thread)]
+        c10d = next((f for p, f in frames if p == "torch/distributed/distributed_c10d.py"), None)
+        if c10d in COLLECTIVES:
+            return c10d
         if frames and frames[0] == (AUTOGRAD_ENGINE_FILE, "_engine_run_backward"):
             return "backward"
-        for path, func in frames:
-            if path == "torch/distributed/distributed_c10d.py":
-                if func in COLLECTIVES:
-                    return func
-                break  # the thread's first c10d frame is not a collective
-    return None
+        if frames and frames[0][0].startswith("torch/distributed/") and innermost is None:
+            innermost = frames[0][1]
+    return innermost
 
 
 def diagnose(
