@@ -52,6 +52,7 @@ class StepRecord:
     comm_all_reduce_s: float = 0.0
     comm_p2p_s: float = 0.0
     samples_per_s: float = 0.0  # sequences / samples per second, all ranks
+    epoch: int = 0  # the data's epoch (0-based) of this step's samples (toolkit.data.loader)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """Your own torch Dataset (data._target_): the loader's batches, in-process, without training.
 
 The global batch of a step is the same whatever the world size; the position after a resume
-is the step alone (map-style) or the stream's saved state (IterableDataset)."""
+is the step alone (map-style) or the stream's saved state (IterableDataset, whose ranks
+read their own shards: tests/data/test_streams.py)."""
 
 import sys
 from pathlib import Path
@@ -113,14 +114,16 @@ def test_an_iterable_dataset_resumes_exactly_from_its_saved_stream_state():
     state = loader.state_dict()
     after = [next(loader)[1][0][0] for _ in range(2)]
     loader.close()
-    # A fresh process: a new loader, the checkpoint's state, on two ranks this time.
-    resumed = [build_loaders(data, plan(2, r), False)[0] for r in range(2)]
-    for r in resumed:
-        r.load_state_dict(state)
-        r.load_state_dict({"next_step": 3})  # the trainer's own call: already there
+    # A fresh process: a new loader, the checkpoint's state.
+    resumed = build_loaders(data, plan(1, 0), False)[0]
+    resumed.load_state_dict(state)
+    resumed.load_state_dict({"next_step": 3})  # the trainer's own call: already there
     for want in after:
-        halves = [next(r)[1][0][0] for r in resumed]
-        assert torch.equal(torch.cat(halves), want)
+        assert torch.equal(next(resumed)[1][0][0], want)
+    resumed.close()
+    # Each rank reads its own shard (tests/data/test_streams.py): positions do not reshard.
+    with pytest.raises(UserError, match="split over 1 data-parallel ranks"):
+        build_loaders(data, plan(2, 0), False)[0].load_state_dict(state)
     with pytest.raises(UserError, match="read by 2 workers.*resume with data.num_workers=2"):
         build_loaders(data, plan(1, 0), False)[0].load_state_dict({**state, "num_workers": 2})
 

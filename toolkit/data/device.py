@@ -24,7 +24,7 @@ import torch
 
 from toolkit.config.data import DataConfig, DatasetConfig
 from toolkit.data.chunks import ChunkStream, window_rows
-from toolkit.data.loader import SamplePlan, host_loaders, market_windows
+from toolkit.data.loader import SamplePlan, epoch_of, host_loaders, market_windows
 from toolkit.data.samples import Normalisation
 from toolkit.data.tables import DeviceWindows, MarketTables, TensorTables, as_tensor
 from toolkit.data.user import build, map_loader
@@ -150,6 +150,11 @@ class DeviceLoader:
         self._stream: ChunkStream | None = None
         self._chunk = None
         self._chunk_steps = 0
+
+    @property
+    def epoch(self) -> int:
+        """As the host loaders count it (toolkit.data.loader.epoch_of)."""
+        return epoch_of(self.next_step, self.plan.global_batch_size, self.source.order.epoch_len)
 
     @property
     def resident(self) -> bool:

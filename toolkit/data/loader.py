@@ -67,6 +67,18 @@ class Loader(Protocol):
         """Stop workers and threads; the loader may be iterated again afterwards."""
         ...
 
+    @property
+    def epoch(self) -> int:
+        """The epoch (0-based) of the step handed out last: the position of its first
+        sample over the samples in an epoch (epoch_of), or the epochs a stream has ended."""
+        ...
+
+
+def epoch_of(next_step: int, global_batch_size: int, epoch_len: int) -> int:
+    """The epoch of the step before `next_step` (0 before any): its first sample's position
+    over the samples in an epoch (0 when there are no epochs)."""
+    return max(0, next_step - 1) * global_batch_size // epoch_len if epoch_len > 0 else 0
+
 
 NEVER = 1 << 62  # the step sampler's end: training stops by step count, not by the sampler
 
@@ -228,6 +240,14 @@ class StepLoader:
     def steps(self) -> Dataset:
         raise NotImplementedError
 
+    def epoch_len(self) -> int:
+        """Samples in an epoch (0: no epochs)."""
+        return 0
+
+    @property
+    def epoch(self) -> int:
+        return epoch_of(self.next_step, self.plan.global_batch_size, self.epoch_len())
+
     def state_dict(self) -> dict[str, Any]:
         return {"next_step": self.next_step, "seed": self.plan.seed}
 
@@ -288,6 +308,9 @@ class DatasetLoader(StepLoader):
 
     def steps(self) -> StepBatches:
         return StepBatches(self.windows, self.plan)
+
+    def epoch_len(self) -> int:
+        return self.windows.order.epoch_len
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "normalisation": self.windows.norm.as_dict()}

@@ -180,6 +180,10 @@ class TokenLoader(StepLoader):
     def steps(self) -> TokenSteps:
         return TokenSteps(self.source, self.plan, self.split)
 
+    def epoch_len(self) -> int:
+        """Windows drawn at random: an epoch is as many windows as the source holds."""
+        return len(self.source) // self.plan.seq_len
+
 
 def build_loaders(
     cfg: DataConfig, plan: BatchShape, vocab_size: int, pin_memory: bool

@@ -11,18 +11,20 @@ global batch of step s is positions [s * g, (s + 1) * g) of that stream, and ran
 for micro-step m, the slice [(m * world + r) * micro, +micro), as the built-in data does:
 the same global batch for any world size, and resuming (on any world size) needs only s.
 
-IterableDataset: read through torchdata's StatefulDataLoader, whose state_dict (each
-worker's dataset state, or the number of samples yielded) goes into the checkpoint. Every
-data-parallel rank reads the whole stream and keeps its slices of each step (the same
-arithmetic as above), so the global batch, the state and a resume on another world size are
-the same as on one rank; the price is reading the stream once per rank. A dataset without
+IterableDataset: split across ranks and DataLoader workers (toolkit.data.streams: the
+dataset's `shard(index, count)`, or `shards_itself = True`, or every n-th item), each
+rank's shard read through torchdata's StatefulDataLoader, whose state_dict (each worker's
+dataset state, or the number of samples yielded) goes into the checkpoint, every rank's
+(resume on the same number of ranks and workers). A dataset without
 state_dict/load_state_dict is replayed by skipping the samples already seen
-(StatefulDataLoader's fallback): exact only when the stream is deterministic.
+(StatefulDataLoader's fallback): exact only when the stream is deterministic. A finite
+stream ends its epoch and is read again (`epoch` counts; set_epoch first where it has it).
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,9 +43,12 @@ from toolkit.data.loader import (
     worker_options,
 )
 from toolkit.data.samples import SampleOrder
+from toolkit.data.streams import sharded
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 
 Collate = Callable[[list[Any]], Any]
+
+log = logging.getLogger(__name__)
 
 
 def build(target: str, kwargs: dict[str, Any], what: str = "data._target_") -> Any:
@@ -189,6 +194,9 @@ class MapLoader(StepLoader):
     def steps(self) -> ItemSteps:
         return ItemSteps(self.dataset, self.order, self.plan, self.collate)
 
+    def epoch_len(self) -> int:
+        return self.order.epoch_len
+
     def __next__(self) -> tuple[int, list[Any]]:
         step, batches = super().__next__()
         return step, raise_failure(batches)
@@ -217,7 +225,9 @@ def _pinned(batch: Any) -> Any:
 
 class StreamLoader:
     """An IterableDataset read by torchdata's StatefulDataLoader (samples, not batches, so
-    its state does not depend on the micro-batch size); this rank keeps its slices."""
+    its state does not depend on the micro-batch size), this rank's shard of it
+    (toolkit.data.streams): each step takes micro_batch_size * grad_accum samples. A finite
+    stream ends its epoch and starts the next (`epoch` counts them); a step may span two."""
 
     def __init__(
         self,
@@ -227,23 +237,29 @@ class StreamLoader:
         num_workers: int = 2,
         prefetch: int = 2,
         pin_memory: bool = False,
+        name: str = "data._target_",
     ):
-        self.dataset = dataset
         self.plan = plan
         self.collate = collate
         self.num_workers = num_workers
         self.prefetch = prefetch
         self.pin_memory = pin_memory
+        self.name = name
+        self.stream = sharded(dataset, plan.rank, plan.world_size)
         self.next_step = 0
+        self.epoch = 0  # of the last step handed out (its last sample)
+        self._epoch_samples = 0  # samples this rank took in the current epoch
         self._stream_state: dict[str, Any] | None = None
+        self._checked = False  # shards_itself: the ranks' first batches compared
         self._loader = None
         self._iter = None
 
     def _open(self):
         from torchdata.stateful_dataloader import StatefulDataLoader
 
+        self.stream.set_epoch(self.epoch)
         self._loader = StatefulDataLoader(
-            self.dataset,
+            self.stream,
             batch_size=None,
             **worker_options(self.num_workers, self.prefetch),
         )
@@ -253,56 +269,116 @@ class StreamLoader:
             self._iter = iter(self._loader)
         atexit.register(self.close)  # workers ignore SIGTERM: see toolkit.data.loader
 
+    def _own_state(self) -> dict[str, Any] | None:
+        return self._loader.state_dict() if self._loader is not None else self._stream_state
+
     def state_dict(self) -> dict[str, Any]:
-        stream = self._loader.state_dict() if self._loader is not None else self._stream_state
+        """The position: the step, the epoch and every rank's stream state (each rank reads
+        its own shard, and the checkpoint's train state is rank 0's: the states are
+        gathered, one all_gather_object, which is why every rank must call this)."""
+        own = {"stream": self._own_state(), "epoch": self.epoch, "taken": self._epoch_samples}
         return {
             "next_step": self.next_step,
             "seed": self.plan.seed,
             "num_workers": self.num_workers,
-            "stream": stream,
+            "world_size": self.plan.world_size,
+            "epoch": self.epoch,
+            "ranks": {str(r): state for r, state in gathered((self.plan.rank, own))},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A checkpoint's stream state; or only a step, which must be where the stream is
+        """A checkpoint's stream states; or only a step, which must be where the stream is
         (a stream cannot seek)."""
         step = int(state["next_step"])
-        if "stream" not in state:
+        if "ranks" not in state:
+            if "stream" in state:  # a checkpoint of before the streams were sharded
+                raise UserError(
+                    f"{self.name}: the checkpoint's stream was read whole by every rank; this "
+                    "version shards it, so it cannot resume it exactly (start a new run)",
+                    EXIT_RESUME_REFUSED,
+                )
             if step != self.next_step:
                 raise UserError(
-                    f"data._target_: an IterableDataset cannot seek to step {step} without a "
+                    f"{self.name}: an IterableDataset cannot seek to step {step} without a "
                     "checkpoint's stream state",
                     EXIT_RESUME_REFUSED,
                 )
             return
-        if state["stream"] is not None and int(state["num_workers"]) != self.num_workers:
+        if int(state["world_size"]) != self.plan.world_size:
+            raise UserError(
+                f"{self.name}: the checkpoint's stream was split over {state['world_size']} "
+                f"data-parallel ranks, each with its own position; resume on "
+                f"{state['world_size']} (this job has {self.plan.world_size})",
+                EXIT_RESUME_REFUSED,
+            )
+        if int(state["num_workers"]) != self.num_workers:
             raise UserError(
                 f"data.num_workers={self.num_workers}: the checkpoint's stream was read by "
                 f"{state['num_workers']} workers, whose states it holds; resume with "
                 f"data.num_workers={state['num_workers']}",
                 EXIT_RESUME_REFUSED,
             )
+        own = state["ranks"].get(str(self.plan.rank))
+        if own is None:
+            raise UserError(
+                f"{self.name}: the checkpoint holds no stream state of data-parallel rank "
+                f"{self.plan.rank}; resume it as it was saved",
+                EXIT_RESUME_REFUSED,
+            )
         self.close()
         self.next_step = step
-        self._stream_state = state["stream"]
+        self.epoch = int(own["epoch"])
+        self._epoch_samples = int(own["taken"])
+        self._stream_state = own["stream"]
 
     def batch(self, step: int) -> list[Any]:
-        raise UserError("data._target_: an IterableDataset cannot serve validation; use data.val")
+        raise UserError(f"{self.name}: an IterableDataset cannot serve validation; use data.val")
 
     def __iter__(self):
         return self
 
-    def __next__(self) -> tuple[int, list[Any]]:
+    def _sample(self) -> Any:
+        """The stream's next sample of this rank; at the end of an epoch, the next epoch's
+        first (the dataset read again from its start, set_epoch first where it has it)."""
         if self._iter is None:
             self._open()
+        try:
+            item = next(self._iter)
+        except StopIteration:
+            if self._epoch_samples == 0:
+                raise UserError(
+                    f"{self.name}: the stream gave rank {self.plan.rank} no sample in epoch "
+                    f"{self.epoch} (reader shards: {self.plan.world_size} ranks x "
+                    f"{max(1, self.num_workers)} workers); give it more items, or fewer "
+                    "ranks or data.num_workers"
+                ) from None
+            self.close()
+            self._stream_state = None
+            self.epoch += 1
+            self._epoch_samples = 0
+            self._open()
+            return self._sample()
+        self._epoch_samples += 1
+        return item
+
+    def __next__(self) -> tuple[int, list[Any]]:
         p = self.plan
-        samples = [next(self._iter) for _ in range(p.global_batch_size)]
         out = []
         for m in range(p.grad_accum):
-            lo = (m * p.world_size + p.rank) * p.micro_batch_size
-            first = self.next_step * p.global_batch_size + lo  # the stream's sample number
-            names = [f"sample {first + k} of the stream" for k in range(p.micro_batch_size)]
-            batch = collated(self.collate, samples[lo : lo + p.micro_batch_size], names)
+            samples = [self._sample() for _ in range(p.micro_batch_size)]
+            first = (self.next_step * p.grad_accum + m) * p.micro_batch_size
+            names = [
+                f"sample {first + k} of rank {p.rank}'s stream"
+                if p.world_size > 1
+                else f"sample {first + k} of the stream"
+                for k in range(p.micro_batch_size)
+            ]
+            batch = collated(self.collate, samples, names)
             out.append(_pinned(batch) if self.pin_memory else batch)
+        if not self._checked:
+            self._checked = True
+            if self.stream.mode == "itself":
+                warn_if_ranks_read_the_same(out, p, self.name)
         step = self.next_step
         self.next_step += 1
         return step, out
@@ -317,6 +393,59 @@ class StreamLoader:
                 shutdown()
         self._iter = None
         self._loader = None
+
+
+def gathered(own: Any) -> list[Any]:
+    """Every rank's `own`, in rank order (one all_gather_object; [own] alone without a
+    process group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [own]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, own)
+    return out
+
+
+def digest(batch: Any) -> str:
+    """A hash of a micro-batch's tensors (their bytes, in order)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for leaf in leaves(batch):
+        if isinstance(leaf, torch.Tensor):
+            h.update(leaf.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+        else:
+            h.update(repr(leaf).encode())
+    return h.hexdigest()
+
+
+def leaves(batch: Any) -> list[Any]:
+    """A micro-batch's tensors and other values, depth first (dict values in key order)."""
+    if isinstance(batch, dict):
+        return [x for k in sorted(batch, key=str) for x in leaves(batch[k])]
+    if isinstance(batch, list | tuple):
+        return [x for v in batch for x in leaves(v)]
+    return [batch]
+
+
+def warn_if_ranks_read_the_same(batches: list[Any], plan: SamplePlan, name: str) -> None:
+    """A dataset that shards itself, checked once: when data-parallel ranks' first batches
+    are equal, every rank reads the same stream (one warning line, on rank 0)."""
+    import torch.distributed as dist
+
+    if plan.world_size == 1 or not (dist.is_available() and dist.is_initialized()):
+        return
+    mine = (plan.rank, digest(batches[0]))
+    by_rank = dict(gathered(mine))  # tensor-parallel peers share a data rank
+    if len(by_rank) > 1 and len(set(by_rank.values())) == 1 and dist.get_rank() == 0:
+        log.warning(
+            "%s: shards_itself is set, yet all %d data-parallel ranks read the same first "
+            "batch: every rank reads the whole stream (split it by torch.distributed's rank "
+            "in __iter__, or drop shards_itself and let the toolkit shard it)",
+            name,
+            len(by_rank),
+        )
 
 
 def map_loader(
@@ -361,7 +490,13 @@ def build_loaders(
                 "cannot be split; use data.val (a map-style Dataset)"
             )
         stream = StreamLoader(
-            dataset, plan, collate_of(cfg.collate_fn), cfg.num_workers, cfg.prefetch, pin_memory
+            dataset,
+            plan,
+            collate_of(cfg.collate_fn),
+            cfg.num_workers,
+            cfg.prefetch,
+            pin_memory,
+            f"data._target_={cfg.target}",
         )
         return stream, val
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):

@@ -66,7 +66,8 @@ class ConsoleSink:
         if r.step % self.log_every == 0 or r.step == self.total:
             remaining = (self.total - r.step) * r.step_time_s
             msg = (
-                f"step {r.step}/{self.total}  loss {r.loss:.4f}  grad_norm {r.grad_norm:.3f}  "
+                f"step {r.step}/{self.total}  epoch {r.epoch}  loss {r.loss:.4f}  "
+                f"grad_norm {r.grad_norm:.3f}  "
                 f"lr {r.lr:.2e}  {self._throughput(r)}  MFU {100 * r.mfu:.2f}%  "
                 f"step {1000 * r.step_time_s:.0f} ms  ETA {remaining:.0f} s"
             )

@@ -368,6 +368,7 @@ class Trainer:
             ),
             mem_peak_bytes=peak_memory_bytes(self.device),
             rank=self.rank,
+            epoch=getattr(self.loader, "epoch", 0),  # a benchmark's loader may count none
             **self.watch.breakdown(timing, step_time, data_wait),
         )
 
@@ -403,6 +404,7 @@ class Trainer:
         return {
             "steps": self.state.step,
             "steps_this_run": len(self.records),
+            "epoch": self.records[-1].epoch if self.records else None,
             "time_s": elapsed_s,
             "tokens_seen": self.state.tokens_seen,
             "median_tokens_per_s": statistics.median(r.tokens_per_s for r in measured)
