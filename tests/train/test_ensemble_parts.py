@@ -237,3 +237,29 @@ def test_trackers_get_each_members_values_under_its_name(tmp_path):
     assert scalars["event/members/m1/lr"] == 0.003
     own = (tmp_path / "run" / "members" / "fast" / "metrics" / "rank0.jsonl").read_text()
     assert json.loads(own)["loss"] == 0.5 and json.loads(own)["lr"] == 0.01
+
+
+def test_precision_bf16_computes_under_autocast_and_keeps_fp32_weights(single_rank_group, tmp_path):
+    def build() -> nn.Module:
+        return WindowMLP(num_series=6, num_targets=2, window=12, hidden=16)
+
+    def loss(model, batch):
+        x, y = batch
+        return model.loss(model(x), y)
+
+    trainer, optim = TrainerConfig(ensemble=2), OptimConfig()
+    cpu = torch.device("cpu")
+    runs = {
+        dtype: build_ensemble(trainer, optim, 0, build, loss, cpu, tmp_path / str(dtype), 0, dtype)
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+    batch = batches(1)[0]
+    full, half = (runs[d].step.forward_backward([batch]) for d in (torch.float32, torch.bfloat16))
+    assert half.dtype == torch.float32 and not torch.equal(full, half)  # bf16 arithmetic
+    torch.testing.assert_close(half, full, rtol=2e-2, atol=1e-3)
+    stacked = runs[torch.bfloat16].stack.model
+    assert all(
+        p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in stacked.parameters()
+    )
+    for parts in runs.values():
+        parts.members.close()

@@ -240,6 +240,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
             device,
             run_dir,
             env.rank,
+            getattr(torch, job.precision.param_dtype),  # validated: float32|bfloat16|float16
         )
         model, pipe = ensemble.stack.model, None
         record_layout(shape, device, run_dir / "mesh.json")

@@ -259,11 +259,20 @@ class EnsembleStep:
     (one all-reduce), per-member clipping, and per-member eval losses. Its losses and grad
     norms are [K] tensors; a dropped member (`alive` False) adds nothing to the backward."""
 
-    def __init__(self, stack: Stack, device: torch.device, alive: torch.Tensor):
+    def __init__(
+        self,
+        stack: Stack,
+        device: torch.device,
+        alive: torch.Tensor,
+        compute_dtype: torch.dtype = torch.float32,
+    ):
         self.stack = stack
         self.model = stack.model
         self.device = device
         self.alive = alive
+        # precision.param_dtype bfloat16/float16: the members compute under torch.autocast,
+        # their weights, gradients and optimizer states stay fp32 (no FSDP2 to cast them).
+        self.compute_dtype = compute_dtype
         self.loss_ranks = world_size()
         self._checked = False
 
@@ -280,11 +289,16 @@ class EnsembleStep:
         self._average_gradients()
         return loss_sum
 
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        autocast = self.compute_dtype != torch.float32
+        with torch.autocast(self.device.type, self.compute_dtype, enabled=autocast):
+            return self.stack.member_losses(batch).float()
+
     def _losses(self, batch: Batch) -> torch.Tensor:
         if self._checked:
-            return self.stack.member_losses(batch)
+            return self._forward(batch)
         try:  # the first micro-batch: a model vmap cannot run is one line, not a traceback
-            losses = self.stack.member_losses(batch)
+            losses = self._forward(batch)
         except RuntimeError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise UserError(
@@ -329,4 +343,4 @@ class EnsembleStep:
     def eval_batch(self, batch: Batch, predictions: bool) -> EvalResult:  # noqa: ARG002
         """[K] losses of one eval batch (no predictions: an eval metric is per run)."""
         batch = to_device(batch, self.device)
-        return self.stack.member_losses(batch), None, None
+        return self._forward(batch), None, None

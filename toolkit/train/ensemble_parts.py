@@ -40,8 +40,10 @@ def build_ensemble(
     device: torch.device,
     run_dir: Path,
     rank: int,
+    compute_dtype: torch.dtype = torch.float32,
 ) -> EnsembleParts:
-    """trainer.ensemble members of the model `build()` makes (each after its own seed)."""
+    """trainer.ensemble members of the model `build()` makes (each after its own seed),
+    computing in `compute_dtype` (precision.param_dtype; autocast when not fp32)."""
     members = resolve_members(trainer, seed, optim)
     stack = build_stack(build, members, loss, device)
     bookkeeping = Members(members, run_dir, rank)
@@ -61,6 +63,5 @@ def build_ensemble(
             len(members),
             ", ".join(f"{m.name}: seed {m.seed}, lr {m.lr:g}" for m in members),
         )
-    return EnsembleParts(
-        stack, EnsembleStep(stack, device, alive), optimizer, scheduler, bookkeeping
-    )
+    step = EnsembleStep(stack, device, alive, compute_dtype)
+    return EnsembleParts(stack, step, optimizer, scheduler, bookkeeping)
