@@ -53,6 +53,10 @@ class StepRecord:
     comm_p2p_s: float = 0.0
     samples_per_s: float = 0.0  # sequences / samples per second, all ranks
     epoch: int = 0  # the data's epoch (0-based) of this step's samples (toolkit.data.loader)
+    # The job attempt that wrote the record: 0, then one more per resume after a crash or a
+    # requeue (JsonlSink stamps it). Readers keep the last attempt's record of a step:
+    # last_attempt().
+    attempt: int = 0
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Event:
     step: int
     rank: int = 0
     attrs: dict[str, Any] = field(default_factory=dict)
+    attempt: int = 0  # as StepRecord.attempt
 
 
 class Sink(Protocol):
@@ -105,18 +110,23 @@ class Fanout:
 
 
 class JsonlSink:
-    """One JSON object per line: <dir>/rank<k>.jsonl (steps) and events-rank<k>.jsonl."""
+    """One JSON object per line: <dir>/rank<k>.jsonl (steps) and events-rank<k>.jsonl, each
+    with this writer's attempt (`next_attempt`; `restart_count`: the job's, Slurm's)."""
 
-    def __init__(self, directory: Path, rank: int):
+    def __init__(self, directory: Path, rank: int, restart_count: int = 0):
         directory.mkdir(parents=True, exist_ok=True)
-        self._steps = open(directory / f"rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
-        self._events = open(directory / f"events-rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
+        steps, events = directory / f"rank{rank}.jsonl", directory / f"events-rank{rank}.jsonl"
+        self.attempt = next_attempt([steps, events], restart_count)
+        self._steps = open(steps, "a", buffering=1)  # noqa: SIM115
+        self._events = open(events, "a", buffering=1)  # noqa: SIM115
 
     def write_step(self, record: StepRecord) -> None:
-        self._steps.write(json.dumps(dataclasses.asdict(record)) + "\n")
+        line = dataclasses.asdict(record) | {"attempt": self.attempt}
+        self._steps.write(json.dumps(line) + "\n")
 
     def write_event(self, event: Event) -> None:
-        self._events.write(json.dumps(dataclasses.asdict(event)) + "\n")
+        line = dataclasses.asdict(event) | {"attempt": self.attempt}
+        self._events.write(json.dumps(line) + "\n")
 
     def close(self) -> None:
         self._steps.close()
@@ -138,3 +148,72 @@ def json_safe(value: Any) -> Any:
 def read_steps(path: Path) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def next_attempt(paths: list[Path], restart_count: int = 0) -> int:
+    """The attempt of a writer that appends to `paths`: the job's restart count, or one past
+    the last attempt recorded there when that is higher (a local run resumed into the same
+    run dir has no restart count of its own). Only each file's last line is read."""
+    recorded = [_last_line_attempt(p) for p in paths]
+    return max([restart_count] + [a + 1 for a in recorded if a is not None])
+
+
+def _last_line_attempt(path: Path, tail_bytes: int = 1 << 16) -> int | None:
+    """The attempt of the last complete record in `path` (0 for a record from before the
+    field existed), None when the file holds none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - tail_bytes))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash, or the first one cut by the tail
+        if isinstance(record, dict):
+            attempt = record.get("attempt", 0)
+            return attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else 0
+    return None
+
+
+def last_attempt_rows(steps: list[int], attempts: list[int]) -> list[int]:
+    """The rows that are the last attempt's record of their step, in step order.
+
+    An attempt resumed from a checkpoint repeats the steps after it: from its first step
+    on, the earlier attempts' records are superseded (also steps the later attempt has not
+    reached yet, as TensorBoard's purge does). Of two rows of one attempt and step, the
+    later one is kept. Every reader of step records goes through here (`last_attempt`)."""
+    order = sorted(range(len(steps)), key=lambda i: (attempts[i], i))
+    first: dict[int, int] = {}
+    for i in order:
+        first[attempts[i]] = min(first.get(attempts[i], steps[i]), steps[i])
+    # Per attempt, the lowest first step of any later attempt (where it stops counting).
+    until: dict[int, float] = {}
+    bound = math.inf
+    for attempt in sorted(first, reverse=True):
+        until[attempt] = bound
+        bound = min(bound, first[attempt])
+    kept: dict[int, int] = {}
+    for i in order:
+        if steps[i] < until[attempts[i]]:
+            kept[steps[i]] = i
+    return [kept[s] for s in sorted(kept)]
+
+
+def last_attempt(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Step records (JSON objects, one rank's or several ranks') with only the last
+    attempt's record of each step per rank, in (rank, step) order; a record without an
+    `attempt` is attempt 0."""
+    by_rank: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        by_rank.setdefault(int(r.get("rank", 0)), []).append(r)
+    out = []
+    for rank in sorted(by_rank):
+        rows = by_rank[rank]
+        keep = last_attempt_rows(
+            [int(r["step"]) for r in rows], [int(r.get("attempt", 0)) for r in rows]
+        )
+        out += [rows[i] for i in keep]
+    return out

@@ -77,7 +77,11 @@ class _Session:
             os.close(fd)
         metrics = Path(spec.run_dir) / "metrics"
         metrics.mkdir(parents=True, exist_ok=True)
-        self.steps = open(metrics / f"rank{spec.rank}.jsonl", "a", buffering=1)  # noqa: SIM115
+        from toolkit.events import next_attempt
+
+        path = metrics / f"rank{spec.rank}.jsonl"
+        self.attempt = next_attempt([path], spec.attempt)  # a local resume counts as well
+        self.steps = open(path, "a", buffering=1)  # noqa: SIM115
         self.sender = None
         if spec.socket:
             from toolkit.telemetry.transport import Sender
@@ -184,7 +188,8 @@ def log(step: int, **metrics: float) -> None:
     if "tokens" in given and "tokens_per_s" not in given and elapsed > 0:
         given["tokens_per_s"] = float(given["tokens"]) / elapsed
     given |= {k: int(given[k]) for k in ("tokens", "mem_peak_bytes") if k in given}
-    record = StepRecord(**{**base, **given, "step": step, "wall_time": now, "rank": s.spec.rank})
+    fixed = {"step": step, "wall_time": now, "rank": s.spec.rank, "attempt": s.attempt}
+    record = StepRecord(**{**base, **given, **fixed})
     line = dataclasses.asdict(record) | {k: v for k, v in metrics.items() if k not in known}
     s.last_log = now
     s.beat(step)

@@ -102,6 +102,12 @@ def last_record(path: Path, block_bytes: int = 1 << 16) -> dict | None:
     return None
 
 
+def _attempt_of(record: dict | None) -> int:
+    """The attempt that wrote a step record (0 before records carried one)."""
+    value = (record or {}).get("attempt", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 class RunDirUnreadable(Exception):
     """A run directory's own record is damaged; the message says which file (one line)."""
 
@@ -248,7 +254,8 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
         run_dir=str(run_dir),
         state=_state(summary, run_dir, slurm, restarts),
         total_steps=total_steps,
-        attempts=1 + restarts,
+        # A local resume writes no restart event: the records' own attempt counts as well.
+        attempts=1 + max(restarts, _attempt_of(last)),
         job_id=job_id,
         slurm_state=slurm,
         last_checkpoint=_last_checkpoint(run_dir),

@@ -236,10 +236,10 @@ def write_summary(run_dir: Path, code: int) -> None:
     (toolkit.session.log): what `toolkit status` and `runs` read."""
     import statistics
 
-    from toolkit.events import read_steps
+    from toolkit.events import last_attempt, read_steps
 
     path = run_dir / "metrics" / "rank0.jsonl"
-    steps = read_steps(path) if path.is_file() else []
+    steps = last_attempt(read_steps(path)) if path.is_file() else []
     rates = [float(r["tokens_per_s"]) for r in steps]
     summary = {
         "task": "script",

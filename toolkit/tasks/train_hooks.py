@@ -15,7 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from toolkit.config.job import JobConfig
-from toolkit.distributed.env import DistEnv
+from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.events import JsonlSink, Sink
 from toolkit.hooks import Hook
 from toolkit.telemetry.heartbeat import Heartbeat
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def build_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
-    sinks: list[Sink] = [JsonlSink(run_dir / "metrics", env.rank)]
+    sinks: list[Sink] = [JsonlSink(run_dir / "metrics", env.rank, restart_count())]
     if env.is_rank0:
         unit = spec_for(job.model).unit
         console = ConsoleSink(

@@ -66,7 +66,7 @@ TOKEN_FIELDS = ("tokens", "tokens_per_s")
 def scalars(record: StepRecord) -> dict[str, float]:
     """Every numeric field of a step record but the step, rank and wall time, as train/<field>;
     for a samples model (Params.unit) without the token fields."""
-    skip = ("step", "rank", "wall_time")
+    skip = ("step", "rank", "wall_time", "attempt")
     if getattr(_sending, "unit", "tokens") == "samples":
         skip += TOKEN_FIELDS
     return {

@@ -33,6 +33,7 @@ class TensorBoardTracker:
         self.log_dir = log_dir
         self._file: Any = None
         self._records: Any = None
+        self._purge = False
         try:
             from tensorboard.compat.proto import event_pb2
             from tensorboard.summary.writer.record_writer import RecordWriter
@@ -47,6 +48,8 @@ class TensorBoardTracker:
         if self._missing is not None:
             raise self._missing
         self.log_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # A resumed attempt: its first step purges what earlier attempts wrote from there on.
+        self._purge = any(self.log_dir.glob("events.out.tfevents.*"))
         name = f"events.out.tfevents.{time.time():010.0f}.{socket.gethostname()}.{os.getpid()}.0"
         self._file = open(self.log_dir / name, "wb")  # noqa: SIM115 - closed in finish()
         self._records = self._record_writer(self._file)
@@ -59,6 +62,8 @@ class TensorBoardTracker:
     def log(self, items: list[StepRecord | Event]) -> None:
         for item in items:
             if isinstance(item, StepRecord):
+                if self._purge:
+                    self._purge_from(item.step, item.wall_time)
                 values = scalars(item)
             else:
                 values = event_scalars(item)
@@ -85,6 +90,14 @@ class TensorBoardTracker:
 
     def describe(self) -> dict[str, Any]:
         return {"logdir": str(self.log_dir)}
+
+    def _purge_from(self, step: int, walltime: float) -> None:
+        """TensorBoard's reader drops the earlier records of `step` and later on a session
+        start at `step` (SummaryWriter's purge_step): a resumed run shows one line, the last
+        attempt's, instead of both attempts' records of the repeated steps."""
+        self._purge = False
+        start = self._event.SessionLog(status=self._event.SessionLog.START)
+        self._write(self._event.Event(step=int(step), wall_time=walltime, session_log=start))
 
     def _scalar(self, tag: str, value: float, step: int, walltime: float) -> None:
         self._add(self._summary.scalar(tag, float(value)), step, walltime)

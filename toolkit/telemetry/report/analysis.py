@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from toolkit.config.telemetry import ReportConfig
+from toolkit.events import last_attempt_rows
 from toolkit.telemetry.read import NodeData, RunData
 from toolkit.telemetry.schema import CHECKPOINT, EVAL, PREEMPTION, RESTART
 
@@ -88,6 +89,9 @@ def collect_steps(run: RunData, skip_first_steps: int) -> dict[int, RankSeries]:
         nodes = np.concatenate([np.full(len(c["step"]), nd.node, dtype=object) for nd, c in pieces])
         warm = np.concatenate([np.arange(len(c["step"])) < skip_first_steps for _nd, c in pieces])
         order = np.argsort(columns["wall_time"], kind="stable")
+        # A resumed attempt repeats the steps after its checkpoint: its records stand.
+        kept = last_attempt_rows(columns["step"][order].tolist(), attempt[order].tolist())
+        order = order[kept]
         columns = {n: v[order] for n, v in columns.items()}
         latest = pieces[int(np.argmax([nd.attempt for nd, _c in pieces]))][0].node
         out[rank] = RankSeries(rank, latest, columns, attempt[order], nodes[order], warm[order])
