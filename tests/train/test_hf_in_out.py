@@ -82,22 +82,23 @@ def test_tensor_parallelism_needs_a_published_plan_and_even_widths():
 @pytest.mark.load_tolerant
 def test_tp2_trains_as_tp1_and_the_export_loads_with_from_pretrained(tmp_path):
     ckpt = ["checkpoint.enabled=true", "checkpoint.interval_steps=4"]
-    whole = launch(*LLAMA, *RUN, *ckpt, f"hydra.run.dir={tmp_path / 'tp1'}")
+    whole = launch(*LLAMA, *RUN, f"hydra.run.dir={tmp_path / 'tp1'}")
     assert whole.returncode == 0, whole.stderr[-3000:]
-    split = launch(*LLAMA, *RUN, "parallel.tp=2", f"hydra.run.dir={tmp_path / 'tp2'}")
+    split = launch(*LLAMA, *RUN, *ckpt, "parallel.tp=2", f"hydra.run.dir={tmp_path / 'tp2'}")
     assert split.returncode == 0, split.stderr[-3000:]
     # Same global batch, each decoder layer's projections split over 2 ranks by the plan:
     # the same losses up to the order of float sums.
     assert losses(tmp_path / "tp2") == pytest.approx(losses(tmp_path / "tp1"), rel=1e-5)
 
     out = tmp_path / "hf"
-    assert export([str(tmp_path / "tp1"), str(out)]) == 0  # auto: a directory for an HF run
+    # The tensor-parallel run's checkpoint (logical keys and shapes), as a directory: auto
+    assert export([str(tmp_path / "tp2"), str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     model, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert type(model).__name__ == "LlamaForCausalLM"
     assert model.config.num_key_value_heads == 2 and model.config.vocab_size == 256
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    trained = load_model_state(resolve_checkpoint(tmp_path / "tp1"))
+    trained = load_model_state(resolve_checkpoint(tmp_path / "tp2"))
     loaded = model.state_dict()
     assert all(torch.equal(loaded[name], tensor) for name, tensor in trained.items())
     # The toolkit's own build of the run's model with the checkpoint's weights gives the
