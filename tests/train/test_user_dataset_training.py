@@ -3,6 +3,7 @@ the loss falls, a run resumed from a checkpoint continues with bitwise the same 
 the same checkpoint resumes on one rank. The Dataset lives in a user package outside
 toolkit/ (tests/fixtures/userpkg), found by the ranks through PYTHONPATH."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import pytest
 
 from tests.checkpoint.conftest import events, losses
 from toolkit.errors import EXIT_NONFINITE
+from toolkit.events import read_steps
 
 pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
 
@@ -110,6 +112,38 @@ def test_an_iterable_dataset_resumes_from_its_saved_stream_state_bitwise(tmp_pat
     reference, resumed = losses(tmp_path / "stream"), losses(tmp_path / "resumed")
     assert sorted(resumed) == [3, 4]
     assert resumed == {s: reference[s] for s in resumed}  # the stream continued where it was
+
+
+FINITE = [
+    "data._target_=userpkg.datasets.CountedStream",
+    "~data.length",
+    "+data.length=40",
+    "+data.shards=itself",
+    "data.val_fraction=0.0",
+    "trainer.eval_batches=0",
+    "checkpoint.interval_steps=4",
+]
+
+
+@pytest.mark.slow
+def test_a_finite_stream_runs_epoch_after_epoch_and_resumes_bitwise_on_two_ranks(tmp_path):
+    """40 items, 8 a rank per step: epoch 1 starts at step 6. The dataset says it shards
+    itself but does not, and rank 0 says so in one line; each rank's stream state is in
+    the checkpoint, so the resumed run repeats the losses across the epoch's end."""
+    done = launch(tmp_path / "finite", *FINITE)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "finite" / "logs" / "rank0.log").read_text()
+    assert log.count("all 2 data-parallel ranks read the same first batch") == 1
+    assert "step 10/10  epoch 1  loss" in log
+    records = read_steps(tmp_path / "finite" / "metrics" / "rank0.jsonl")
+    assert [r["epoch"] for r in records] == [0] * 5 + [1] * 5
+    assert json.loads((tmp_path / "finite" / "summary.json").read_text())["epoch"] == 1
+    source = tmp_path / "finite" / "checkpoints" / "step-00000004"
+    done = launch(tmp_path / "resumed", *FINITE, f"checkpoint.resume_from={source}")
+    assert done.returncode == 0, done.stderr
+    reference, resumed = losses(tmp_path / "finite"), losses(tmp_path / "resumed")
+    assert sorted(resumed) == list(range(5, STEPS + 1))
+    assert resumed == {s: reference[s] for s in resumed}
 
 
 @pytest.mark.slow
