@@ -1,6 +1,7 @@
-"""Export a checkpoint's model as one file for inference (the same as `toolkit export`).
+"""Export a checkpoint's model for inference (the same as `toolkit export`): one file, or a
+Hugging Face model's run as a directory that transformers' from_pretrained loads.
 
-python scripts/export_model.py RUN_DIR_OR_CHECKPOINT OUT [--format safetensors|torch]
+python scripts/export_model.py RUN_DIR_OR_CHECKPOINT OUT [--format auto|safetensors|torch|hf] [--member NAME]
 
 Reads the checkpoint as data (tensors through an allow-listed loader; nothing of the run
 directory is imported): the working directory is not on sys.path.
