@@ -263,3 +263,37 @@ def test_precision_bf16_computes_under_autocast_and_keeps_fp32_weights(single_ra
     )
     for parts in runs.values():
         parts.members.close()
+
+
+class Tied(nn.Module):
+    """An embedding and a head sharing one weight (as language models tie them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.head = nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        return self.head(self.embed(ids)).logsumexp(-1).mean()
+
+
+def test_a_member_is_the_plain_models_state_dict_with_tied_weights_and_its_own_dropout():
+    cpu = torch.device("cpu")
+    members = resolve_members(TrainerConfig(ensemble=3), 0, OptimConfig())
+    stack = build_stack(Tied, members, lambda m, b: m(b), cpu)
+    assert len(list(stack.model.parameters())) == 1  # the tied weight is stacked once
+    torch.manual_seed(members[2].seed)
+    plain = Tied()
+    plain.load_state_dict(stack.member_state(2), strict=True)
+    ids = torch.tensor([[1, 2, 3]])
+    assert stack.member_losses(ids)[2].item() == pytest.approx(plain(ids).item(), rel=1e-6)
+
+    def build() -> nn.Module:
+        return WindowMLP(num_series=6, num_targets=2, window=12, hidden=16, dropout=0.1)
+
+    trainer = TrainerConfig(ensemble=2, members=[{"dropout": 0.2}, {"dropout": 0.4}])
+    stack = build_stack(
+        build, resolve_members(trainer, 0, OptimConfig()), lambda m, b: m(b[0]).sum(), cpu
+    )
+    build().load_state_dict(stack.member_state(1), strict=True)  # no dropout rate in it

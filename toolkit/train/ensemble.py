@@ -183,19 +183,26 @@ class Stack:
         first = members[0]
         self.model = copy.deepcopy(first)
         params = [dict(m.named_parameters()) for m in members]
-        for name, _ in list(first.named_parameters()):
-            stacked = torch.stack([p[name].detach() for p in params])
-            _replace(self.model, name, nn.Parameter(stacked))
+        stacked: dict[int, nn.Parameter] = {}  # one per tensor: tied names share it
+        for name, param in list(first.named_parameters(remove_duplicate=False)):
+            if id(param) not in stacked:
+                stacked[id(param)] = nn.Parameter(torch.stack([p[name].detach() for p in params]))
+            _replace(self.model, name, stacked[id(param)])
         buffers = [dict(m.named_buffers()) for m in members]
+        persistent = set(first.state_dict())
         for name, _ in list(first.named_buffers()):
-            _replace(self.model, name, torch.stack([b[name] for b in buffers]), buffer=True)
+            value = torch.stack([b[name] for b in buffers])
+            _replace(self.model, name, value, buffer=True, persistent=name in persistent)
         self.num_members = len(members)
         # The stateless copy functional_call runs: on the meta device, holding nothing.
         self.stateless = _LossOf(copy.deepcopy(first).to("meta"), loss)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        state = {f"model.{n}": p for n, p in self.model.named_parameters()}
-        state.update({f"model.{n}": b for n, b in self.model.named_buffers()})
+        """Every name the stateless copy has, tied ones included (moving it to the meta
+        device unties them), mapped to the stacked tensors."""
+        model = self.model
+        state = {f"model.{n}": p for n, p in model.named_parameters(remove_duplicate=False)}
+        state.update({f"model.{n}": b for n, b in model.named_buffers(remove_duplicate=False)})
         return state
 
     def member_losses(self, batch: Batch) -> torch.Tensor:
@@ -219,12 +226,16 @@ class Stack:
         return {k: v[index].detach().clone() for k, v in self.model.state_dict().items()}
 
 
-def _replace(model: nn.Module, name: str, value: torch.Tensor, buffer: bool = False) -> None:
+def _replace(
+    model: nn.Module, name: str, value: torch.Tensor, buffer: bool = False, persistent: bool = True
+) -> None:
+    """Put `value` where `name` was in `model`, as a parameter or a buffer (kept out of the
+    state dict as the member's own was: MemberDropout's rate)."""
     parent_name, _, attr = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
     delattr(parent, attr)
     if buffer:
-        parent.register_buffer(attr, value)
+        parent.register_buffer(attr, value, persistent=persistent)
     else:
         parent.register_parameter(attr, value)
 
