@@ -9,9 +9,11 @@ import torch
 from toolkit.measure.gpu_ensemble import ensemble_step, ensemble_summary
 
 
-def test_the_ensemble_step_times_each_k_and_checks_the_members_against_separate_models():
+def test_the_ensemble_step_times_each_k_and_checks_the_members_against_separate_models(
+    tmp_path,
+):
     result = ensemble_step(
-        torch.device("cpu"), ks=(1, 2), repeats=1, steps=1, micro_batch=4, models=("mlp",)
+        tmp_path, torch.device("cpu"), ks=(1, 2), repeats=1, steps=1, micro_batch=4, models=("mlp",)
     )
     assert result["ok"] and result["members_max_rel_diff"]["mlp"] < 1e-4
     assert [(r["model"], r["k"]) for r in result["rows"]] == [("mlp", 1), ("mlp", 2)]
@@ -20,3 +22,10 @@ def test_the_ensemble_step_times_each_k_and_checks_the_members_against_separate_
         assert row["speedup"] == row["separate_steps_ms"] / row["ensemble_step_ms"]
     (line,) = ensemble_summary(result)
     assert line.startswith("mlp: K=1: ") and ", K=2: " in line
+
+
+def test_a_failed_benchmark_is_reported_not_raised(tmp_path):
+    result = ensemble_step(tmp_path, torch.device("cpu"), ks=(0,), models=("mlp",))
+    assert not result["ok"] and result["rows"] == []
+    (line,) = ensemble_summary(result)
+    assert line.startswith("mlp: failed: ") and "--ks" in line

@@ -127,13 +127,18 @@ class Separate:
 
 def members_match(model: str, device: torch.device, k: int = 4, steps: int = 3) -> float:
     """The largest relative difference between K ensemble members' losses and their
-    separate models' over `steps` steps (the same batch each step)."""
+    separate models' over `steps` steps (the same batch each step), in fp32 (TF32 off)."""
     build, batch = builder(model), fixed_batch(16, device)
-    ensemble, separate = Ensemble(k, build, device), Separate(k, build, device)
-    worst = 0.0
-    for _ in range(steps):
-        got, want = ensemble.step(batch), separate.step(batch)
-        worst = max(worst, float(((got - want).abs() / want.abs()).max()))
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        ensemble, separate = Ensemble(k, build, device), Separate(k, build, device)
+        worst = 0.0
+        for _ in range(steps):
+            got, want = ensemble.step(batch), separate.step(batch)
+            worst = max(worst, float(((got - want).abs() / want.abs()).max()))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     return worst
 
 
@@ -196,6 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--steps", type=int, default=5, help="steps timed per round")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    parser.add_argument(
+        "--check-members",
+        action="store_true",
+        help="first check 4 members' losses against their separate models' over 3 steps",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         ks = [int(k) for k in args.ks.split(",")]
@@ -204,6 +214,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(k < 1 for k in ks) or args.repeats < 1 or args.steps < 1 or args.micro_batch < 1:
         parser.error("--ks, --repeats, --steps and --micro-batch must be >= 1")
     device = torch.device(args.device)
+    report: dict[str, Any] = {}
+    if args.check_members:
+        report["members_max_rel_diff"] = members_match(args.model, device)
+        print(
+            f"4 members vs their separate models, 3 steps: losses within "
+            f"{report['members_max_rel_diff']:.1e} relative"
+        )
     rows = []
     print(
         f"{'K':>4} {'ensemble step':>14} {'K separate':>12} {'speedup':>8} "
@@ -219,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
     if args.json is not None:
-        args.json.write_text(json.dumps({"rows": rows}, indent=2))
+        args.json.write_text(json.dumps({**report, "rows": rows}, indent=2))
     return 0
 
 

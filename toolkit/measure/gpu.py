@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     report["data"] = data_step(out / "data", device)
     from toolkit.measure.gpu_ensemble import ensemble_step  # K models in one step (issue 45)
 
-    report["ensemble"] = ensemble_step(device)  # about 15 s on an H100
+    report["ensemble"] = ensemble_step(out / "ensemble", device)  # ~15 s of it on an H100
     from toolkit.measure.gpu_determinism import determinism_step  # issue 47, ~1 minute
 
     report["determinism"] = determinism_step(
