@@ -29,6 +29,7 @@ from toolkit.train.optim import build_optimizer, build_scheduler
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from userpkg.ensemble_models import WindowMLP  # noqa: E402  (a user's model, outside toolkit/)
 
+pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
 STEPS = 4
 
 
@@ -62,6 +63,7 @@ def batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(8, 12, 6, generator=g), torch.randn(8, 2, generator=g)) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_each_stacked_transformer_member_steps_as_its_own_model_and_adamw(
     single_rank_group, tmp_path
 ):
