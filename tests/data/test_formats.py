@@ -104,8 +104,13 @@ def test_date_partitions_convert_one_file_at_a_time(tmp_path, source, monkeypatc
     pq.write_table(
         pq.read_table(tmp_path / "days" / "0.parquet").slice(0, 4), tmp_path / "days" / "3.parquet"
     )
-    with pytest.raises(DataError, match="appears twice"):
+    with pytest.raises(DataError) as caught:  # the first repeated pair, by time and file rows
         prepare(tmp_path / "days", tmp_path / "out2", "hdf5", chunk_len=16)
+    assert str(caught.value) == (
+        f"{tmp_path / 'days'}: 4 duplicate (time, instrument) row(s), the first is time "
+        f"{times[200]}, instrument '0' at data rows 1 of 0.parquet, 1 of 3.parquet; keep one "
+        "row per time and instrument"
+    )
     assert appended == [] and not (tmp_path / "out2").exists()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -30,6 +31,11 @@ class DataConfig:
     target_feature: str = "ret"
     test_fraction: float = 0.0  # a held-out period after validation (never read in training)
     embargo: int | None = None  # time steps between periods; None: the horizon
+    # Windows spanning a gap between consecutive time steps longer than this are not drawn
+    # (overnight, weekend, halt): "auto" (10 median steps), "<k>x" (k median steps), a
+    # number in the time index's units (days for dates, nanoseconds for timestamps), or
+    # None: every window (docs/data.md, "Gaps in time").
+    max_gap: str | None = "auto"
     num_workers: int = 2  # loader processes, every kind (0: in the training process)
     pin_memory: bool = True  # page-locked batches, non-blocking copies (GPU only; every kind)
     shuffle_chunks: int = 8  # samples shuffle within groups of this many chunks (0: global)
@@ -156,6 +162,7 @@ def returns_problems(d: DataConfig, model: ModelConfig) -> list[str]:
     )
     if not 0.0 <= d.test_fraction < 0.5:
         p.append(f"data.test_fraction={d.test_fraction}: must be in [0, 0.5)")
+    p += max_gap_problems(d.max_gap)
     if d.embargo is not None and d.embargo < d.horizon:
         p.append(
             f"data.embargo={d.embargo}: below data.horizon={d.horizon}, so a training target "
@@ -176,3 +183,20 @@ def returns_problems(d: DataConfig, model: ModelConfig) -> list[str]:
                 f"targets per sample; use model.num_targets={targets}"
             )
     return p
+
+
+MAX_GAP = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?x?")
+
+
+def max_gap_problems(value: str | None) -> list[str]:
+    """data.max_gap: null, auto, a positive number (the time index's units) or a positive
+    multiple of the median time step (`3x`)."""
+    if value is None or value == "auto":
+        return []
+    if not MAX_GAP.fullmatch(value) or float(value.rstrip("x")) <= 0:
+        return [
+            f"data.max_gap={value!r}: not a gap; use auto (10 median time steps), a multiple "
+            "of the median step such as 3x, a positive number in the time index's units "
+            "(days for dates, nanoseconds for timestamps), or null for no limit"
+        ]
+    return []

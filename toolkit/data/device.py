@@ -333,7 +333,7 @@ def market_loaders(
     """data=returns: training and validation loaders where data.placement puts them, and
     the placement (its line for the run's log)."""
     train, val = market_windows(cfg, plan, num_series, num_targets, run_dir)
-    num_rows = max(train.anchors.stop, val.anchors.stop) + train.spec.horizon
+    num_rows = int(max(train.anchors[-1], val.anchors[-1])) + 1 + train.spec.horizon
     table_bytes = MarketTables.nbytes_of(train, num_rows)
     step_bytes = plan.global_batch_size * train.spec.lookback * (table_bytes // num_rows)
     epoch_steps = -(-train.order.epoch_len // plan.global_batch_size)

@@ -31,7 +31,7 @@ from toolkit.config.data import DataConfig
 from toolkit.config.shape import BatchShape
 from toolkit.data.manifest import DataError
 from toolkit.data.reader import DatasetReader
-from toolkit.data.samples import Normalisation, Period, SampleOrder, SampleSpec, fit_normalisation
+from toolkit.data.samples import Normalisation, SampleOrder, SampleSpec, fit_normalisation
 from toolkit.data.training import Opened, open_dataset
 
 
@@ -97,7 +97,7 @@ class Windows:
         self,
         reader: DatasetReader,
         spec: SampleSpec,
-        period: Period,
+        anchors: np.ndarray,
         features: list[int],
         norm: Normalisation,
         order: SampleOrder,
@@ -106,7 +106,7 @@ class Windows:
         self.whole_cross_sections = whole_cross_sections
         self.reader = reader
         self.spec = spec
-        self.anchors = period.anchors(spec)
+        self.anchors = anchors  # the split's anchor time steps (toolkit.data.samples.gap_free)
         self.features = features
         self.norm = norm
         self.order = order
@@ -341,20 +341,20 @@ def market_windows(
         (run_dir / "data_normalisation.json").write_text(json.dumps(norm.as_dict(), indent=1))
     out = []
     for split in ("train", "val"):
-        period = opened.periods[split]
+        anchors = opened.anchors[split]
         by_time = split == "val" and cfg.sample == "per_instrument"
         per = opened.reader.manifest.shape[1] if cfg.sample == "per_instrument" else 1
         per = 1 if by_time else per
         order = SampleOrder(
             plan.seed,
             split,
-            len(period.anchors(opened.spec)),
+            len(anchors),
             per,
             opened.reader.manifest.chunk_len,
             cfg.shuffle_chunks,
         )
         out.append(
-            Windows(opened.reader, opened.spec, period, opened.features, norm, order, by_time)
+            Windows(opened.reader, opened.spec, anchors, opened.features, norm, order, by_time)
         )
     return out[0], out[1]
 

@@ -153,16 +153,49 @@ def _missing(column) -> np.ndarray:
     return missing
 
 
-def _pivot(table, times, instruments, features, time_column, instrument_column, where: Path):
-    """Long rows -> dense [len(times), len(instruments), len(features)] values and mask."""
+def check_unique(keys: np.ndarray, time_values, instruments: np.ndarray, where) -> None:
+    """One row per (time, instrument): else refused in one line naming the first pair that
+    repeats (its time as the source writes it, its instrument) and the data rows holding
+    it (1-based, header excluded; `where` is a list of (file, rows) when the rows came from
+    several files, each row then named by its file)."""
+    order = np.argsort(keys, kind="stable")  # equal keys in row order
+    repeats = order[1:][keys[order[1:]] == keys[order[:-1]]]
+    if not len(repeats):
+        return
+    row = int(repeats.min())  # the first row that repeats an earlier one
+    rows = np.flatnonzero(keys == keys[row])
+    named = ", ".join(_row_name(int(r), where) for r in rows[:5])
+    more = f" and {len(rows) - 5} more" if len(rows) > 5 else ""
+    source = where if not isinstance(where, list) else where[0][0].parent
+    raise DataError(
+        f"{source}: {len(repeats)} duplicate (time, instrument) row(s), the first is time "
+        f"{time_values[row].as_py()}, instrument {str(instruments[row])!r} at data rows "
+        f"{named}{more}; keep one row per time and instrument"
+    )
+
+
+def _row_name(row: int, where) -> str:
+    """Row `row` (0-based) of the rows read, named as a 1-based data row (and its file)."""
+    if not isinstance(where, list):
+        return str(row + 1)
+    for path, num_rows in where:
+        if row < num_rows:
+            return f"{row + 1} of {path.name}"
+        row -= num_rows
+    return str(row + 1)
+
+
+def _pivot(table, times, instruments, features, time_column, instrument_column, where):
+    """Long rows -> dense [len(times), len(instruments), len(features)] values and mask.
+    `where`: the file, or (file, rows) of each file the rows came from, in order."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     t_idx = np.searchsorted(times, _times_as_int(table.column(time_column)))
     inst = np.asarray(table.column(instrument_column).cast(pa.string()).to_pylist())
     i_idx = np.searchsorted(instruments, inst)
-    if len(np.unique(t_idx * len(instruments) + i_idx)) != len(t_idx):
-        raise DataError(f"{where}: a (time, instrument) pair appears twice; deduplicate")
+    check_unique(t_idx * len(instruments) + i_idx, table.column(time_column), inst, where)
+    where = where[0][0].parent if isinstance(where, list) else where
     values = np.full((len(times), len(instruments), len(features)), np.nan, np.float32)
     mask = np.zeros(values.shape, np.uint8)
     for j, feature in enumerate(features):
@@ -208,9 +241,8 @@ def prepare_long(
     groups = [[files[i] for i in order]] if not disjoint else [[files[i]] for i in order]
     with DatasetWriter(out, times, list(instruments), features, fmt, chunk_len) as writer:
         for group in groups:
-            table = _concat(
-                [_read_table(p) for p in group], [time_column, instrument_column, *features]
-            )
+            tables = [_read_table(p) for p in group]
+            table = _concat(tables, [time_column, instrument_column, *features])
             if table.num_rows == 0:
                 continue
             t = _times_as_int(table.column(time_column))
@@ -222,7 +254,9 @@ def prepare_long(
                 features,
                 time_column,
                 instrument_column,
-                group[0] if len(group) == 1 else group[0].parent,
+                group[0]
+                if len(group) == 1
+                else [(p, t.num_rows) for p, t in zip(group, tables, strict=True)],
             )
             check_finite(values, mask, group[0] if len(group) == 1 else group[0].parent, nonfinite)
             writer.append(values, mask)

@@ -71,6 +71,35 @@ def check_periods(periods: dict[str, Period], spec: SampleSpec, where: str) -> N
             )
 
 
+GAP_FACTOR = 10  # data.max_gap=auto: gaps longer than this many median time steps
+
+
+def max_gap_of(value: str | None, times: np.ndarray) -> float | None:
+    """data.max_gap in the time index's units (toolkit.config.data.max_gap_problems says
+    what is valid): None (no limit), "auto" (GAP_FACTOR median steps), "<k>x" (k median
+    steps), or a number."""
+    if value is None:
+        return None
+    if value == "auto" or value.endswith("x"):
+        factor = GAP_FACTOR if value == "auto" else float(value[:-1])
+        steps = np.diff(times)
+        return factor * float(np.median(steps)) if len(steps) else None
+    return float(value)
+
+
+def gap_free(anchors: range, times: np.ndarray, spec: SampleSpec, max_gap: float | None):
+    """The anchors whose window (inputs and target, time steps [t - lookback + 1,
+    t + horizon]) spans no gap between consecutive time steps longer than max_gap, as an
+    int64 array (every anchor when max_gap is None). The sample order draws positions in
+    this array, so the host and device loaders, and a resume, see the same anchors."""
+    a = np.arange(anchors.start, anchors.stop, dtype=np.int64)
+    if max_gap is None or len(a) == 0:
+        return a
+    wide = np.diff(times[: anchors.stop + spec.horizon]) > max_gap  # between t and t + 1
+    before = np.concatenate([[0], np.cumsum(wide)])  # wide gaps among steps [0, j)
+    return a[before[a + spec.horizon] == before[a - spec.lookback + 1]]
+
+
 @dataclass
 class Normalisation:
     """Per-feature mean and standard deviation over observed values of the training period

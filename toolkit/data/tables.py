@@ -156,9 +156,9 @@ class DeviceWindows:
         if self.whole_cross_sections:  # anchors, each expanded to its instruments in order
             ids = (np.asarray(ids)[:, None] * n + np.arange(n)[None, :]).ravel()
         if self.spec.mode != "per_instrument":
-            return self.anchors.start + np.asarray(ids, np.int64), None
+            return self.anchors[np.asarray(ids, np.int64)], None
         anchor, instrument = np.divmod(np.asarray(ids, np.int64), n)
-        return self.anchors.start + anchor, instrument
+        return self.anchors[anchor], instrument
 
     def cut(
         self, tables: list[torch.Tensor], rows: torch.Tensor, subs: torch.Tensor | None

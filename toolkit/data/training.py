@@ -17,7 +17,14 @@ import numpy as np
 from toolkit.config.data import DataConfig, effective_embargo
 from toolkit.data.manifest import MANIFEST, DataError
 from toolkit.data.reader import DatasetReader
-from toolkit.data.samples import Period, SampleSpec, check_periods, split_periods
+from toolkit.data.samples import (
+    Period,
+    SampleSpec,
+    check_periods,
+    gap_free,
+    max_gap_of,
+    split_periods,
+)
 from toolkit.data.synthetic import cached_synthetic
 
 
@@ -27,6 +34,9 @@ class Opened:
     spec: SampleSpec
     periods: dict[str, Period]
     features: list[int]  # indices of the input features
+    # Each split's anchor time steps: its period's, less those whose window spans a gap
+    # longer than data.max_gap (toolkit.data.samples.gap_free).
+    anchors: dict[str, np.ndarray]
 
     @property
     def num_inputs(self) -> int:
@@ -62,7 +72,8 @@ def open_dataset(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Open
         m.num_times, cfg.val_fraction, cfg.test_fraction, effective_embargo(cfg)
     )
     check_periods(periods, spec, f"{root / MANIFEST} ({m.num_times} time steps)")
-    opened = Opened(reader, spec, periods, [m.features.index(f) for f in names])
+    anchors = split_anchors(cfg, reader.times, spec, periods)
+    opened = Opened(reader, spec, periods, [m.features.index(f) for f in names], anchors)
     if not num_series:  # a model of yours, not sized by the data: nothing to check here
         return opened
     if num_series != opened.num_inputs:
@@ -76,6 +87,24 @@ def open_dataset(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Open
             f"{opened.num_targets} targets per sample; use model.num_targets={opened.num_targets}"
         )
     return opened
+
+
+def split_anchors(
+    cfg: DataConfig, times: np.ndarray, spec: SampleSpec, periods: dict[str, Period]
+) -> dict[str, np.ndarray]:
+    """Each split's anchors without the windows that span a gap longer than data.max_gap;
+    a split left with none is one line."""
+    max_gap = max_gap_of(cfg.max_gap, times)
+    out = {name: gap_free(p.anchors(spec), times, spec, max_gap) for name, p in periods.items()}
+    for name, anchors in out.items():
+        if len(anchors) == 0:
+            raise DataError(
+                f"data.max_gap={cfg.max_gap}: every window of the {name} period (lookback "
+                f"{spec.lookback} + horizon {spec.horizon} time steps) spans a gap between "
+                f"time steps longer than {max_gap:g} (in the time index's units); raise "
+                "data.max_gap, or set it to null to draw every window"
+            )
+    return out
 
 
 def verify(reader: DatasetReader) -> None:
