@@ -171,6 +171,16 @@ def test_each_member_is_laid_out_and_listed_like_a_run(ensemble):
     assert (listed["state"], listed["steps"], listed["total_steps"]) == ("completed", 6, 6)
     assert listed["overrides"][:2] == ["member=m1", "seed=5"]
     assert rows[str(ensemble / "members" / "wild")]["state"] == "failed"
+    # the whole stack is no plain model: an export names a member
+    out = ensemble.parent / "all.safetensors"
+    done = run_module(
+        "toolkit.cli", "export", str(ensemble), str(out), env=dict(os.environ), timeout=60
+    )
+    assert done.returncode == 1 and not out.exists()
+    assert done.stderr.strip() == (
+        f"error: {ensemble}: an ensemble's run (trainer.ensemble=4), its tensors stacked over "
+        "the members; export one with --member NAME (m0, m1, m3, wild)"
+    )
 
 
 @pytest.mark.slow

@@ -103,6 +103,13 @@ def export_model(
         raise ValueError(f"format={fmt}: unknown; allowed: {', '.join(FORMATS)}")
     refuse_overwrite(source, out)
     checkpoint = resolve_checkpoint(source)
+    members = checkpoint.parent.parent / "members"
+    if member is None and members.is_dir():  # stacked [K, ...] tensors fit no plain model
+        names = sorted(p.name for p in members.iterdir() if (p / "member.json").is_file())
+        raise ValueError(
+            f"{source}: an ensemble's run (trainer.ensemble={len(names)}), its tensors stacked "
+            f"over the members; export one with --member NAME ({', '.join(names)})"
+        )
     tensors = load_model_state(checkpoint)
     if member is not None:  # trainer.ensemble: one member as the plain model
         tensors = member_tensors(tensors, checkpoint, member)
