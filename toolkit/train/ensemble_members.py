@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from toolkit.distributed.env import restart_count
 from toolkit.events import Event, JsonlSink, Sink, StepRecord, json_safe
 from toolkit.files import write_private
 from toolkit.train.ensemble import Member
@@ -50,7 +51,10 @@ class Members:
         self.last_lrs = [0.0] * len(members)
         self.val_losses: list[float | None] = [None] * len(members)
         self.trackers: Sink | None = None  # the run's tracker sinks (set by task=train)
-        self._sinks = [JsonlSink(member_dir(run_dir, m.name) / "metrics", rank) for m in members]
+        restarts = restart_count()  # records carry their attempt, as the run's do
+        self._sinks = [
+            JsonlSink(member_dir(run_dir, m.name) / "metrics", rank, restarts) for m in members
+        ]
         if rank == 0:
             for m in members:
                 write_private(
