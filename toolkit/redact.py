@@ -1,9 +1,10 @@
 """One redaction for everything a run records about its config, environment and command line.
 
-A name is secret when one of its `_`/`.`/`-` separated parts ends in KEY, TOKEN, SECRET,
-PASSWORD, PASSWD or CREDENTIAL(S) (`MY_API_TOKEN`, `AWS_SECRET_ACCESS_KEY`, `APIKEY`), or
-its last part is PAT or AUTH (`GH_PAT`, `REGISTRY_AUTH`); `tokens_per_s` or `SSH_AUTH_SOCK`
-are not. Values named so are replaced by REDACTED; in any other text, `NAME=value` and
+A name is secret when one of its `_`/`.`/`-` separated parts ends in SECRET, PASSWORD,
+PASSWD or CREDENTIAL(S) (`AWS_SECRET_ACCESS_KEY`, `DB_PASSWORD_FILE`), when its last part
+ends in KEY(S) or TOKEN (`MY_API_TOKEN`, `APIKEY`, `API_KEYS`), or when its last part is
+PAT or AUTH (`GH_PAT`, `REGISTRY_AUTH`); `tokens_per_s`, `SSH_AUTH_SOCK`, and a model's
+`num_key_value_heads` or `bos_token_id` are not. Values named so are replaced by REDACTED; in any other text, `NAME=value` and
 `NAME: value` with a secret NAME lose their value, and a URL's password its password
 (`https://u:pw@host` -> `https://u:***@host`). The value after a flag with such a name
 (`--token VAL`, `--api-key VAL`, `--password VAL`) is redacted in argument lists and text
@@ -23,8 +24,8 @@ import re
 from typing import Any
 
 REDACTED = "<redacted>"
-_SECRET_PART = re.compile(r".*(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)", re.IGNORECASE)
-_SECRET_LAST_PART = re.compile(r"PAT|AUTH", re.IGNORECASE)
+_SECRET_PART = re.compile(r".*(SECRET|PASSWORD|PASSWD|CREDENTIALS?)", re.IGNORECASE)
+_SECRET_LAST_PART = re.compile(r".*(KEYS?|TOKEN)|PAT|AUTH", re.IGNORECASE)
 # scheme://user:password@ -> the password; user names and hosts stay readable.
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@'\"]*):([^/\s@'\"]*)@")
 # NAME=value or NAME: value (shell, env files, YAML, JSON, Hydra overrides like +x.MY_KEY=v).

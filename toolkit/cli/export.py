@@ -24,9 +24,8 @@ from toolkit.redact import REDACTED
 def checkpoint_hf_model(checkpoint: Path) -> HFModelConfig | None:
     """The Hugging Face model config a checkpoint was written with, read as data (typed by
     HFModelConfig's schema, nothing instantiated); None for another kind of model. From
-    the run's config.yaml where the checkpoint sits in its run dir: the checkpoint's own
-    config.json is redacted, and a transformers field such as num_key_value_heads or
-    bos_token_id reads as a secret's name there."""
+    the run's config.yaml where the checkpoint sits in its run dir, else from the
+    checkpoint's own config.json, which is redacted (a field hidden there is refused)."""
     run_config = checkpoint.parent.parent / "config.yaml"
     if checkpoint.parent.name == checkpoints_dir(Path()).name and run_config.is_file():
         node = OmegaConf.to_container(OmegaConf.load(run_config))["model"]
