@@ -4,6 +4,8 @@ resume; a duplicate (time, instrument) row is named in prepare's refusal (docs/d
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
@@ -18,6 +20,7 @@ from toolkit.data.loader import SamplePlan, build_loaders, market_windows
 from toolkit.data.manifest import DataError
 from toolkit.data.prepare import prepare
 from toolkit.data.samples import SampleSpec, gap_free
+from toolkit.data.training import prepare as prepare_training
 from toolkit.data.writer import write_dataset
 
 MINUTE = 60 * 10**9  # the time index of timestamps: nanoseconds
@@ -89,6 +92,14 @@ def test_the_host_and_device_paths_cut_the_same_gap_free_batches_and_resume_exac
             half = slice(4 * rank, 4 * rank + 4)
             assert torch.equal(got[0], want[step][0][0][half])
         resumed.close()
+
+
+def test_the_launcher_says_how_many_windows_the_gaps_leave_out(halted, caplog):
+    caplog.set_level(logging.INFO, "toolkit.data.training")
+    prepare_training(config(halted, seq_len=16), 0)
+    assert "data: 17 of 189 train windows span a gap in time longer than data.max_gap=auto" in (
+        caplog.text
+    )
 
 
 def test_max_gap_is_validated_and_a_split_left_without_windows_is_one_line(halted):

@@ -9,6 +9,7 @@ samples.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from toolkit.data.samples import (
     split_periods,
 )
 from toolkit.data.synthetic import cached_synthetic
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -119,6 +122,17 @@ def verify(reader: DatasetReader) -> None:
 def prepare(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Path:
     """The launcher's step: generate the synthetic market if needed, then check everything."""
     opened = open_dataset(cfg, num_series, num_targets)
+    for name, period in opened.periods.items():
+        left_out = len(period.anchors(opened.spec)) - len(opened.anchors[name])
+        if left_out:
+            log.info(
+                "data: %d of %d %s windows span a gap in time longer than data.max_gap=%s; "
+                'not drawn (docs/data.md, "Gaps in time")',
+                left_out,
+                len(period.anchors(opened.spec)),
+                name,
+                cfg.max_gap,
+            )
     if cfg.verify:
         verify(opened.reader)
     opened.reader.close()
