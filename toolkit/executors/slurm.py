@@ -35,6 +35,7 @@ from toolkit.slurm_cli import (
 from toolkit.slurm_records import JobState
 
 POLL_S = 0.5
+ACCOUNTING_TRIES = 20  # polls for an array element's state in accounting after slurmctld's
 TAIL_LINES = 20
 
 
@@ -254,6 +255,15 @@ def follow_array(folder: Path, job_ids: list[str], runs: list[PreparedRun]) -> i
                 print(f"  {job_id}: {state.state}", flush=True)
 
     states = wait(job_ids[0].split("_")[0], on_poll=progress)
+    for _ in range(ACCOUNTING_TRIES):  # elements slurmctld purged (MinJobAge) before the end
+        missing = [job_id for job_id in job_ids if job_id not in states]
+        if not missing:
+            break
+        for job_id in missing:  # from accounting now
+            states.update(job_states(job_id))
+        time.sleep(POLL_S)
+    for job_id in job_ids:  # neither slurmctld nor accounting knows it: said, not a KeyError
+        states.setdefault(job_id, JobState("UNKNOWN", 0, 0, "not in slurmctld or accounting"))
     worst = 0
     print("sweep results:")
     for index, (run, job_id) in enumerate(zip(runs, job_ids, strict=True)):
