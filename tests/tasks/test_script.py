@@ -20,6 +20,7 @@ from toolkit.cli.rundir import read_run
 from toolkit.errors import EXIT_HANG
 from toolkit.executors import rundir_lock
 from toolkit.launch import main as launch_main
+from toolkit.tasks.script import note_restart
 
 SCRIPTS = REPO / "tests" / "fixtures" / "scripts"
 DDP = str(SCRIPTS / "ddp_train.py")
@@ -47,7 +48,13 @@ def test_unmodified_ddp_script_runs_on_two_ranks_with_quoted_args(tmp_path):
     run = tmp_path / "run"
     assert (run / "logs" / "rank1.log").is_file()  # per-rank logs
     assert list((run / "telemetry").glob("node-*-attempt0.h5"))  # the node agent ran
-    assert json.loads((run / "summary.json").read_text())["exit_code"] == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["exit_code"] == 0
+    assert "final_loss" not in summary  # a script that logs nothing has no loss, not 0.0
+    # Rank 0, followed by the launcher, keeps its output in the run dir as well.
+    assert "step 3 loss" in (run / "logs" / "rank0.out").read_text()
+    # A clean exit leaves no empty stack file behind (docs/fault.md).
+    assert not [p for p in (run / "hangs").rglob("*") if p.is_file()]
 
 
 @pytest.mark.slow
@@ -84,6 +91,8 @@ def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
         timeout=120,
     )
     assert report.returncode == 0, report.stderr[-2000:]
+    # The script is not the default model: nothing predicted for it.
+    assert "a script run: no model prediction" in report.stdout
     assert "Nodes" in report.stdout and "│    2 │" in report.stdout.replace("     2 │", "    2 │")
     csv = (run / "telemetry" / "report" / "steps.csv").read_text().splitlines()
     header = csv[0].split(",")
@@ -114,6 +123,10 @@ def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
     assert (listed["state"], listed["steps"], listed["total_steps"]) == ("completed", 4, None)
     for rank in (0, 1):  # watch's ranks table: each rank at the script's last logged step
         assert re.search(rf"│\s+{rank}\s+│\s+4\s+│", shown["watch"].stdout), shown["watch"].stdout
+    # A Slurm requeue: the next attempt's rank-0 wrapper notes a restart, which status counts
+    # (for a script that logs nothing too).
+    note_restart(run, 1)
+    assert read_run(run, ask_slurm=False).attempts == 2
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -65,6 +66,23 @@ def command(job: JobConfig, run_dir: Path) -> list[str]:
     return [*runner, *target, "--", *map(str, cfg.args)]
 
 
+# The groups of a job that apply to a script run: the rest (model, data, optim, trainer, ...)
+# are the built-in task's defaults, which the script never read.
+SCRIPT_GROUPS = ("script", "cluster", "nccl", "telemetry", "fault", "launch", "checkpoint")
+
+
+def described(config: dict[str, Any]) -> dict[str, Any]:
+    """A script job (the job as a nested dict) as its trackers record it: the task, the
+    script (path or module, arguments redacted, interpreter, directory) and the groups that
+    apply to it; never the default model's or trainer's settings, which it did not use."""
+    from toolkit.redact import redact
+
+    kept = {"task": "script"} | {g: config[g] for g in SCRIPT_GROUPS if g in config}
+    script = kept.get("script") or {}
+    kept["script"] = {k: v for k, v in script.items() if v not in (None, [])}
+    return redact(kept)
+
+
 def torchrun_env(env: DistEnv) -> dict[str, str]:
     """The variables torchrun gives each of its workers."""
     return {
@@ -91,14 +109,35 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _pump(src: BinaryIO, dst: BinaryIO, seen: list[int]) -> None:
-    """Copy the script's output to this rank's own stream, counting it (progress)."""
+def _pump(src: BinaryIO, dst: BinaryIO, seen: list[int], copy: BinaryIO | None = None) -> None:
+    """Copy the script's output to this rank's own stream (and to `copy`, the run dir's
+    file of it when that stream is a terminal), counting it (progress)."""
     for chunk in iter(lambda: src.read1(65536), b""):
         seen[0] += len(chunk)
-        with contextlib.suppress(OSError, ValueError):
-            dst.write(chunk)
-            dst.flush()
-            log_cap.check(dst.fileno())  # launch.max_log_bytes: rotated past the cap
+        for out in (dst, copy) if copy is not None else (dst,):
+            with contextlib.suppress(OSError, ValueError):
+                out.write(chunk)
+                out.flush()
+                log_cap.check(out.fileno())  # launch.max_log_bytes: rotated past the cap
+
+
+def kept_copy(stream: BinaryIO, run_dir: Path, rank: int, kind: str) -> BinaryIO | None:
+    """RUN_DIR/logs/rank<k>.<kind> (appended, 0600) when `stream` is not already a file in the
+    run dir: rank 0 followed on a terminal (or a pipe, or an sbatch --output elsewhere) keeps
+    its output in the run dir as well. None when the stream is the run dir's own file."""
+    try:
+        st = os.fstat(stream.fileno())
+        logs = (run_dir / "logs").resolve()
+        if stat.S_ISREG(st.st_mode):
+            for f in (*logs.glob("*"), *(run_dir / "slurm").glob("*")):
+                with contextlib.suppress(OSError):
+                    if os.path.samestat(st, f.stat()):
+                        return None
+        logs.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(logs / f"rank{rank}.{kind}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return os.fdopen(fd, "ab")
+    except (OSError, ValueError):
+        return None
 
 
 def cpu_time_s(pid: int) -> float:
@@ -170,6 +209,8 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
     )
     if env.is_rank0:
         (run_dir / REQUEST).unlink(missing_ok=True)
+        if attempt > 0:
+            note_restart(run_dir, attempt)
     child_env = os.environ | torchrun_env(env) | {ENV: spec.to_env(), "PYTHONUNBUFFERED": "1"}
     cmd = command(job, run_dir)
     log.info("rank %d runs %s", env.rank, redact_text(job.script.command_line()))
@@ -188,9 +229,11 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
         hb.pid = proc.pid  # the watchdog dumps and ends the script, not this wrapper
         hb.beat("startup", 0)
     seen = [0]
+    streams = ((proc.stdout, sys.stdout.buffer, "out"), (proc.stderr, sys.stderr.buffer, "err"))
+    copies = [kept_copy(dst, run_dir, env.rank, kind) for _, dst, kind in streams]
     pumps = [
-        threading.Thread(target=_pump, args=(src, dst, seen), daemon=True)
-        for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))
+        threading.Thread(target=_pump, args=(src, dst, seen, copy), daemon=True)
+        for (src, dst, _), copy in zip(streams, copies, strict=True)
     ]
     for t in pumps:
         t.start()
@@ -214,6 +257,9 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
             for t in pumps:
                 t.join(timeout=5)
         finally:
+            for copy in copies:
+                if copy is not None:
+                    copy.close()
             for s in sinks:
                 s.close()
             beat_path.unlink(missing_ok=True)
@@ -231,24 +277,47 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
     return {"exit_code": code}
 
 
+def note_restart(run_dir: Path, attempt: int) -> None:
+    """A `restart` event in RUN_DIR/metrics/events-rank0.jsonl (as task=train's checkpoint
+    hook writes one): `status` and `runs` count the attempts of a script that logs nothing."""
+    now = time.time()
+    line = {"name": "restart", "start": now, "end": now, "step": 0, "rank": 0}
+    line |= {"attrs": {"by": "script wrapper"}, "attempt": attempt}
+    with contextlib.suppress(OSError):
+        (run_dir / "metrics").mkdir(parents=True, exist_ok=True, mode=0o700)
+        with open(run_dir / "metrics" / "events-rank0.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
 def write_summary(run_dir: Path, code: int) -> None:
     """RUN_DIR/summary.json, as task=train writes it, from the steps the script logged
-    (toolkit.session.log): what `toolkit status` and `runs` read."""
+    (toolkit.session.log): what `toolkit status` and `runs` read. A figure the script never
+    logged (its loss, tokens) is absent, not 0."""
+    import math
     import statistics
 
     from toolkit.events import last_attempt, read_steps
 
     path = run_dir / "metrics" / "rank0.jsonl"
     steps = last_attempt(read_steps(path)) if path.is_file() else []
-    rates = [float(r["tokens_per_s"]) for r in steps]
-    summary = {
+
+    def logged(name: str) -> list[float]:
+        values = [r.get(name) for r in steps]
+        return [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+
+    summary: dict[str, Any] = {
         "task": "script",
         "exit_code": code,
         "stop_reason": "script finished" if code == 0 else f"script exited {code}",
         "steps": int(steps[-1]["step"]) if steps else 0,
-        "final_loss": float(steps[-1]["loss"]) if steps else None,
-        "median_tokens_per_s": statistics.median(rates) if rates else 0.0,
     }
+    losses = logged("loss")
+    if losses:
+        summary["final_loss"] = losses[-1]
+    for name in ("tokens_per_s", "samples_per_s"):
+        rates = logged(name)
+        if rates:
+            summary[f"median_{name}"] = statistics.median(rates)
     with contextlib.suppress(OSError):
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -1,7 +1,8 @@
 """The child the rank wrapper starts (toolkit.tasks.script):
 `python -m toolkit.tasks.script_runner RUN_DIR (--path FILE | --module NAME) -- ARGS...`.
 
-Installs the stack dump for the hang watchdog (DUMP_SIGNAL), then runs the script as
+Installs the stack dump for the hang watchdog (DUMP_SIGNAL; its file is removed at the end
+when nothing was dumped into it), then runs the script as
 `__main__` with sys.argv as `python FILE ARGS` or `python -m NAME ARGS` would set it. A
 failure keeps its traceback in RUN_DIR/logs/error-rank<k>.txt for the launcher to show.
 After the script returns, its torch objects are released while the interpreter is still
@@ -22,9 +23,16 @@ def main(argv: list[str]) -> int:
     run_dir, kind, target = Path(argv[0]), argv[1], argv[2]
     args = argv[4:] if len(argv) > 3 and argv[3] == "--" else argv[3:]
     rank = int(os.environ.get("RANK", "0"))
-    from toolkit.fault.hang import install_stack_dump
+    from toolkit.fault.hang import install_stack_dump, remove_stack_dump
 
     install_stack_dump(run_dir, rank)
+    try:
+        return _run(run_dir, rank, kind, target, args)
+    finally:
+        remove_stack_dump()  # the stack file, unless a dump wrote to it (docs/fault.md)
+
+
+def _run(run_dir: Path, rank: int, kind: str, target: str, args: list[str]) -> int:
     try:
         if kind == "--module":
             sys.argv = [target, *args]

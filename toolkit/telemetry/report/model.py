@@ -53,7 +53,11 @@ def predicted_terms(
         from toolkit.perfmodel import predict_job
         from toolkit.perfmodel.count_job import shape_of_run_model
 
-        if isinstance(job.model, TransformerConfig):
+        script = getattr(job, "script", None)
+        if script is not None and script.enabled and recorded is None:
+            # Your own script: config.yaml's model is the default one, which it never ran.
+            return {}, "a script run: no model prediction (the script recorded no model.json)"
+        if isinstance(job.model, TransformerConfig) and not (script and script.enabled):
             counted = None  # the analytic terms: arithmetic over config.yaml's numbers
         elif recorded is not None:
             counted = shape_of_run_model(recorded)
