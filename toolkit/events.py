@@ -57,6 +57,9 @@ class StepRecord:
     # requeue (JsonlSink stamps it). Readers keep the last attempt's record of a step:
     # last_attempt().
     attempt: int = 0
+    # Your own series at this step (a callback's `metrics`, session.log's other names): in
+    # the JSON line beside the fields, in the report and the trackers as train/<name>.
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,7 +124,7 @@ class JsonlSink:
         self._events = open(events, "a", buffering=1)  # noqa: SIM115
 
     def write_step(self, record: StepRecord) -> None:
-        line = dataclasses.asdict(record) | {"attempt": self.attempt}
+        line = step_line(record) | {"attempt": self.attempt}
         self._steps.write(json.dumps(line) + "\n")
 
     def write_event(self, event: Event) -> None:
@@ -143,6 +146,43 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_safe(v) for v in value]
     return value
+
+
+STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepRecord)) - {"metrics"}
+EVENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Event))
+_REQUIRED = [
+    f.name
+    for f in dataclasses.fields(StepRecord)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+]
+_FLOAT_FIELDS = frozenset(f.name for f in dataclasses.fields(StepRecord) if f.type == "float")
+
+
+def step_line(record: StepRecord) -> dict[str, Any]:
+    """A step record as its JSON line: the fields, then its own series under their names
+    (a series named like a field is left out: the field is the record's)."""
+    line = {k: v for k, v in dataclasses.asdict(record).items() if k != "metrics"}
+    return line | {k: v for k, v in record.metrics.items() if k not in line}
+
+
+def step_from_line(line: dict[str, Any]) -> StepRecord:
+    """A JSON line of rank<k>.jsonl back as a StepRecord: its other numeric names are its
+    series (`metrics`). Plain data only; nothing in it is imported or called."""
+    fields = {k: v for k, v in line.items() if k in STEP_FIELDS}
+    # A field the line lacks (a script's session.log records only what it was given): NaN,
+    # "not recorded", which the trackers leave out; a count, 0.
+    fields = {k: 0 for k in _REQUIRED} | dict.fromkeys(_FLOAT_FIELDS, math.nan) | fields
+    series = {
+        k: float(v)
+        for k, v in line.items()
+        if k not in STEP_FIELDS and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    return StepRecord(**fields, metrics=series)
+
+
+def event_from_line(line: dict[str, Any]) -> Event:
+    """A JSON line of events-rank<k>.jsonl back as an Event."""
+    return Event(**{k: v for k, v in line.items() if k in EVENT_FIELDS})
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:

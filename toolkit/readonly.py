@@ -16,7 +16,7 @@ import os
 import sys
 
 # `toolkit SUBCOMMAND`s that only read run directories and checkpoints.
-READ_ONLY_COMMANDS = frozenset({"status", "runs", "report", "watch", "compare", "export"})
+READ_ONLY_COMMANDS = frozenset({"status", "runs", "report", "watch", "compare", "export", "track"})
 
 
 def drop_working_dir() -> None:

@@ -173,11 +173,11 @@ def log(step: int, **metrics: float) -> None:
         )
         step = s.step + 1
     s.step = step
-    from toolkit.events import StepRecord
+    from toolkit.events import STEP_FIELDS, StepRecord, step_line
 
     now = time.time()
     metrics = numbers(s, step, metrics)
-    known = {f.name for f in dataclasses.fields(StepRecord)}
+    known = STEP_FIELDS
     base: dict[str, Any] = dict.fromkeys(
         ("data_wait_s", "forward_backward_s", "optimizer_s", "grad_norm", "lr", "mfu"), 0.0
     )
@@ -189,8 +189,9 @@ def log(step: int, **metrics: float) -> None:
         given["tokens_per_s"] = float(given["tokens"]) / elapsed
     given |= {k: int(given[k]) for k in ("tokens", "mem_peak_bytes") if k in given}
     fixed = {"step": step, "wall_time": now, "rank": s.spec.rank, "attempt": s.attempt}
-    record = StepRecord(**{**base, **given, **fixed})
-    line = dataclasses.asdict(record) | {k: v for k, v in metrics.items() if k not in known}
+    series = {k: v for k, v in metrics.items() if k not in known}  # your own: train/<name>
+    record = StepRecord(**{**base, **given, **fixed}, metrics=series)
+    line = step_line(record)
     s.last_log = now
     s.beat(step)
     try:

@@ -41,9 +41,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_mlflow_server(directory: Path, timeout_s: float = 90) -> MlflowServer:
+def start_mlflow_server(
+    directory: Path, timeout_s: float = 90, port: int | None = None
+) -> MlflowServer:
+    """`mlflow server` on 127.0.0.1 (`port`: the one a stopped server of `directory` had, to
+    start it again with its store)."""
     directory.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     process = subprocess.Popen(
         [
             str(MLFLOW),
@@ -83,8 +87,8 @@ def start_mlflow_server(directory: Path, timeout_s: float = 90) -> MlflowServer:
 def mlflow_server_factory(tmp_path) -> Iterator:
     started: list[MlflowServer] = []
 
-    def start(name: str = "mlflow") -> MlflowServer:
-        started.append(start_mlflow_server(tmp_path / name))
+    def start(name: str = "mlflow", port: int | None = None) -> MlflowServer:
+        started.append(start_mlflow_server(tmp_path / name, port=port))
         return started[-1]
 
     yield start

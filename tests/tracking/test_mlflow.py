@@ -1,7 +1,7 @@
 """tracking=mlflow against a real `mlflow server` on loopback: a 2-rank run's metrics read
 back through the MLflow client equal metrics/rank0.jsonl; a relaunch that resumes from the
 checkpoint continues the same MLflow run; a server killed mid-run does not stop training,
-and the records it lost are counted and reported once."""
+what it missed is sent by `toolkit track sync` once it is back."""
 
 from __future__ import annotations
 
@@ -69,14 +69,20 @@ def test_a_run_and_its_resumed_relaunch_are_one_mlflow_run(tmp_path, mlflow_serv
     assert history(client, run_id, "event/restart/duration_s")
 
 
-def test_a_server_killed_mid_run_loses_records_not_the_run(
+def test_a_server_down_at_the_end_is_caught_up_by_track_sync(
     tmp_path,
     mlflow_server_factory,
     start,  # noqa: F811 - the fixture
 ):
+    """The server dies mid-run and is still down when the run ends: training goes on, what
+    MLflow missed waits in the run dir, the MLflow run stays RUNNING. Once the server is
+    back, `toolkit track sync RUN` sends the rest and ends the run; the same command fills a
+    TensorBoard log dir the run never had, read back with TensorBoard's own reader."""
     from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     server = mlflow_server_factory()
+    port = int(server.uri.rsplit(":", 1)[1])
     run_dir = tmp_path / "run"
     job = start(
         run_dir,
@@ -85,6 +91,7 @@ def test_a_server_killed_mid_run_loses_records_not_the_run(
         "trainer.steps=30",
         "fault.data_delay_s=0.2",  # a slow run: the server dies while it trains
         "tracking.close_timeout_s=5",
+        "tracking.retry_interval_s=1",
     )
     client = MlflowClient(tracking_uri=server.uri)
     run_id_file = run_dir / "tracking" / "mlflow_run_id"
@@ -93,16 +100,40 @@ def test_a_server_killed_mid_run_loses_records_not_the_run(
         run_id_file.is_file() and history(client, run_id_file.read_text(), "train/loss")
     ):
         time.sleep(0.2)
-    logged = len(history(client, run_id_file.read_text(), "train/loss"))
+    run_id = run_id_file.read_text()
     server.kill()
     out, _ = job.communicate(timeout=180)  # stderr comes with stdout
     assert job.returncode == 0, out[-3000:]
-    assert len(read_steps(run_dir / "metrics" / "rank0.jsonl")) == 30  # every step trained
+    steps = read_steps(run_dir / "metrics" / "rank0.jsonl")
+    assert len(steps) == 30  # every step trained
     record = tracked(run_dir)
-    events = read_steps(run_dir / "metrics" / "events-rank0.jsonl")
-    assert 0 < record["dropped"] <= 30 - logged + len(events)  # at most what was not logged
+    assert record["dropped"] == 0 and record["spooled"] > 0 and record["unfinished"]
     assert "logging failed" in record["error"]
+    spool = run_dir / "tracking" / "spool-mlflow.jsonl"
+    assert spool.stat().st_mode & 0o777 == 0o600
     stderr = (run_dir / "logs" / "rank0.err").read_text()
-    warnings = [line for line in stderr.splitlines() if "mlflow dropped" in line]
-    assert len(warnings) == 1
-    assert f"dropped {record['dropped']} record(s)" in warnings[0]
+    assert sum("spool-mlflow.jsonl" in line for line in stderr.splitlines()) == 1
+    # Each kind of failure once: as many warning lines as kinds recorded.
+    said = [line for line in stderr.splitlines() if "tracking: mlflow: " in line]
+    assert len(said) == len(record["errors"]), said
+
+    server = mlflow_server_factory(port=port)  # back, with its store
+    client = MlflowClient(tracking_uri=server.uri)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    synced = toolkit(tmp_path, "track", "sync", str(run_dir), "--tracker", "mlflow")
+    assert synced.returncode == 0, synced.stderr
+    assert "its run ended" in synced.stdout
+    assert history(client, run_id, "train/loss") == pytest.approx(
+        {s["step"]: s["loss"] for s in steps}
+    )
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert not spool.exists() and not tracked(run_dir)["unfinished"]
+    again = toolkit(tmp_path, "track", "sync", str(run_dir), "--tracker", "mlflow")
+    assert "sent 0 step record(s)" in again.stdout  # nothing twice
+
+    synced = toolkit(tmp_path, "track", "sync", str(run_dir), "--tracker", "tensorboard")
+    assert synced.returncode == 0, synced.stderr
+    tb = EventAccumulator(str(run_dir / "tracking" / "tensorboard"))
+    tb.Reload()
+    loss = {e.step: e.value for e in tb.Scalars("train/loss")}
+    assert loss == pytest.approx({s["step"]: s["loss"] for s in steps})

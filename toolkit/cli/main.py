@@ -131,6 +131,10 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
         "a checkpoint's model as one file",
     ),
     "cluster": (run_cluster, "the local dev Slurm cluster: up|down|status|env"),
+    "track": (
+        lambda argv: module_main("toolkit.cli.track")(argv),
+        "trackers after the fact: track sync RUN sends a run's metrics to its trackers",
+    ),
 }
 
 

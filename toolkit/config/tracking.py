@@ -40,6 +40,11 @@ class TrackingConfig:
     batch_size: int = 200  # records the worker sends in one request at most
     flush_interval_s: float = 1.0  # the worker collects records this long per request
     close_timeout_s: float = 30.0  # how long the end of the run waits for each tracker
+    # While a tracker is down, what it misses waits in RUN_DIR/tracking/spool-<tracker>.jsonl
+    # (at most spool_max_records; beyond, dropped and counted) and is sent when it answers
+    # again; it is tried again at most every retry_interval_s. 0: no spool (dropped).
+    spool_max_records: int = 100000
+    retry_interval_s: float = 10.0
 
     @property
     def backends(self) -> list[str]:
@@ -51,6 +56,7 @@ def problems(cfg: TrackingConfig) -> list[str]:
     p = not_one_of("tracking", cfg, {"wandb_mode": WANDB_MODES})
     p += below_minimum("tracking", cfg, {"queue_size": 1, "batch_size": 1})
     p += below_minimum("tracking", cfg, {"mlflow_request_retries": 0, "close_timeout_s": 0})
+    p += below_minimum("tracking", cfg, {"spool_max_records": 0, "retry_interval_s": 0})
     if not 0 <= cfg.flush_interval_s <= 60:
         p.append(f"tracking.flush_interval_s={cfg.flush_interval_s}: must be in [0, 60] seconds")
     if cfg.mlflow_request_timeout_s <= 0:

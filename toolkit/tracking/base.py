@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from toolkit.events import Event, StepRecord
+from toolkit.tracking.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +64,24 @@ _sending = threading.local()
 TOKEN_FIELDS = ("tokens", "tokens_per_s")
 
 
+def sending_unit(unit: str) -> None:
+    """The throughput unit of the records this thread sends (scalars() reads it)."""
+    _sending.unit = unit
+
+
 def scalars(record: StepRecord) -> dict[str, float]:
     """Every numeric field of a step record but the step, rank and wall time, as train/<field>;
     for a samples model (Params.unit) without the token fields."""
     skip = ("step", "rank", "wall_time", "attempt")
     if getattr(_sending, "unit", "tokens") == "samples":
         skip += TOKEN_FIELDS
-    return {
+    fields = {
         f"train/{k}": float(v)
         for k, v in vars(record).items()
-        if k not in skip and isinstance(v, int | float)
+        # NaN in a field but the loss: not recorded (a script's session.log left it out)
+        if k not in skip and isinstance(v, int | float) and (v == v or k == "loss")
     }
+    return {f"train/{k}": float(v) for k, v in record.metrics.items()} | fields
 
 
 def event_scalars(event: Event) -> dict[str, float]:
@@ -103,14 +111,23 @@ class TrackerSink:
         batch_size: int,
         close_timeout_s: float,
         flush_interval_s: float = 0.0,
+        spool: Spool | None = None,
+        retry_interval_s: float = 10.0,
     ):
         self.tracker = tracker
         self.params = params
         self.batch_size = batch_size
         self.close_timeout_s = close_timeout_s
         self.flush_interval_s = flush_interval_s
-        self.dropped = 0  # records not delivered: queue full, tracker down or erroring
+        # Records the tracker could not take wait here (None: they are dropped); the worker
+        # tries the tracker again at most every retry_interval_s while it is down.
+        self.spool = spool
+        self.retry_interval_s = retry_interval_s
+        self.dropped = 0  # records not delivered: queue full, spool full or no spool
         self.error: str | None = None  # the first failure, as one line
+        self.errors: dict[str, str] = {}  # each kind of failure, its first message
+        self.unfinished = False  # the tracker's run could not be ended (spooled for later)
+        self._next_try = 0.0  # monotonic time of the next try while the tracker is down
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
         self._lock = threading.Lock()
         self._opened = False
@@ -166,6 +183,17 @@ class TrackerSink:
                     self.dropped,
                     f" ({self.error})" if self.error else "",
                 )
+            if self.spool is not None and self.spool.count:
+                log.warning(
+                    "tracking: %s kept %d record(s)%s in %s: sent when it answers again "
+                    "(the next attempt) or by `toolkit track sync %s --tracker %s`",
+                    self.tracker.name,
+                    self.spool.count,
+                    " and the end of its run" if self.unfinished else "",
+                    self.spool.path,
+                    self.spool.path.parent.parent,
+                    self.tracker.name,
+                )
         return self.record()
 
     @property
@@ -175,6 +203,9 @@ class TrackerSink:
 
     def record(self) -> dict[str, Any]:
         out: dict[str, Any] = {"dropped": self.dropped, "error": self.error}
+        out["errors"] = list(self.errors.values())
+        out["spooled"] = self.spool.count if self.spool is not None else 0
+        out["unfinished"] = self.unfinished
         try:
             out.update(self.tracker.describe())
         except Exception as exc:  # noqa: BLE001 - describing must not fail the close
@@ -186,37 +217,58 @@ class TrackerSink:
         with self._lock:
             self.dropped += n
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, exc: BaseException | None = None) -> None:
+        """Say a failure once per kind (what failed, and the exception's type): a server
+        that goes down, comes back and then refuses a record is three warnings, not one."""
+        kind = message.split(":")[0] + (f" {type(exc).__name__}" if exc is not None else "")
+        text = f"{message}: {_one_line(exc)}" if exc is not None else message
         with self._lock:
-            first = self.error is None
-            if first:
-                self.error = message
-        if first:
-            log.warning("tracking: %s: %s (training goes on)", self.tracker.name, message)
+            if self.error is None:
+                self.error = text
+            new = kind not in self.errors
+            if new:
+                self.errors[kind] = text
+        if new:
+            log.warning("tracking: %s: %s (training goes on)", self.tracker.name, text)
 
     def _run(self) -> None:
-        _sending.unit = self.params.unit  # scalars() of this thread's records
-        try:
-            self.tracker.open(self.params)
-            self._opened = True
-        except Exception as exc:  # noqa: BLE001 - a tracker that cannot start is skipped
-            self._fail(f"could not start: {_one_line(exc)}")
+        sending_unit(self.params.unit)  # scalars() of this thread's records
+        self._open()
         while True:
             batch, stop = self._next_batch()
             if batch:
                 self._send(batch)
             if stop:
                 break
+        if self.spool is not None and self.spool.count:
+            self._next_try = 0.0  # one more try at the end: the server may be back
+            self._send([])
         if self._opened and self.params.node_series is not None:
             try:
                 self.tracker.log_series(self.params.node_series())
             except Exception as exc:  # noqa: BLE001
-                self._fail(f"could not log node series: {_one_line(exc)}")
+                self._fail("could not log node series", exc)
+        self.unfinished = True
         if self._opened:
             try:
                 self.tracker.finish([p for p in self.params.artifacts if p.exists()])
+                self.unfinished = False
             except Exception as exc:  # noqa: BLE001
-                self._fail(f"could not finish: {_one_line(exc)}")
+                self._fail("could not finish", exc)
+        if self.unfinished and self.spool is not None:
+            try:
+                self.spool.mark_unfinished()
+            except OSError as exc:
+                self._fail("could not spool", exc)
+
+    def _open(self) -> bool:
+        self._next_try = time.monotonic() + self.retry_interval_s
+        try:
+            self.tracker.open(self.params)
+            self._opened = True
+        except Exception as exc:  # noqa: BLE001 - a tracker that cannot start is tried again
+            self._fail("could not start", exc)
+        return self._opened
 
     def _next_batch(self) -> tuple[list[StepRecord | Event], bool]:
         """What arrived within flush_interval_s of the first record (at most batch_size):
@@ -237,14 +289,41 @@ class TrackerSink:
         return batch, False
 
     def _send(self, batch: list[StepRecord | Event]) -> None:
-        if not self._opened:
+        """Send what the spool holds, then `batch`; while the tracker is down (not yet time
+        to try again, or the try fails) `batch` goes to the spool."""
+        down = time.monotonic() < self._next_try
+        if (down or not self._opened) and self.spool is None and not self._opened:
+            self._count_dropped(len(batch))
+            return
+        if not self._opened and (down or not self._open()):
+            self._keep(batch)
+            return
+        if down and self.spool is not None and self.spool.count:
+            self._keep(batch)
+            return
+        try:
+            if self.spool is not None and self.spool.count:
+                spooled, _unfinished = self.spool.read()  # the run goes on: not ended here
+                for i in range(0, len(spooled), self.batch_size):
+                    self.tracker.log(spooled[i : i + self.batch_size])
+                self.spool.clear()
+            if batch:
+                self.tracker.log(batch)
+        except Exception as exc:  # noqa: BLE001 - the server may come back: keep trying
+            self._next_try = time.monotonic() + self.retry_interval_s
+            self._fail("logging failed", exc)
+            self._keep(batch)
+
+    def _keep(self, batch: list[StepRecord | Event]) -> None:
+        """`batch` into the spool (what does not fit is dropped and counted)."""
+        if self.spool is None:
             self._count_dropped(len(batch))
             return
         try:
-            self.tracker.log(batch)
-        except Exception as exc:  # noqa: BLE001 - the server may come back: keep trying
+            self._count_dropped(self.spool.add(batch))
+        except OSError as exc:
             self._count_dropped(len(batch))
-            self._fail(f"logging failed: {_one_line(exc)}")
+            self._fail("could not spool", exc)
 
 
 def _one_line(exc: BaseException) -> str:

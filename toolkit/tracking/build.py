@@ -13,6 +13,7 @@ from toolkit.config.tracking import TrackingConfig
 from toolkit.events import Event, Fanout, Sink
 from toolkit.redact import redact, redact_text
 from toolkit.tracking.base import Params, Tracker, TrackerSink
+from toolkit.tracking.spool import Spool, spool_path
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +67,8 @@ def build_tracking_sinks(
     without tokens/s)."""
     if not is_rank0 or not cfg.backends:
         return []
-    params = Params(
-        config=flatten(redact(config)),
-        overrides=launch_overrides(run_dir),
-        run_name=cfg.run_name or run_dir.name,
-        artifacts=[
-            run_dir / "summary.json",
-            run_dir / "metrics" / "events-rank0.jsonl",
-            run_dir / "telemetry" / "report" / "report.html",
-        ],
-        node_series=node_series if cfg.node_series else None,
-        unit=unit,
-    )
+    params = run_params(cfg, run_dir, config, unit)
+    params.node_series = node_series if cfg.node_series else None
     sinks = [
         TrackerSink(
             build_tracker(name, cfg, run_dir),
@@ -86,6 +77,8 @@ def build_tracking_sinks(
             cfg.batch_size,
             cfg.close_timeout_s,
             cfg.flush_interval_s,
+            tracker_spool(cfg, run_dir, name),
+            cfg.retry_interval_s,
         )
         for name in cfg.backends
     ]
@@ -93,6 +86,29 @@ def build_tracking_sinks(
     for event in unsent_hangs(run_dir, action):  # a hang ended the previous attempt: say so now
         trackers.write_event(event)
     return [trackers]
+
+
+def run_params(cfg: TrackingConfig, run_dir: Path, config: dict[str, Any], unit: str) -> Params:
+    """What a tracker records about the run: `config` (the job as a nested dict) redacted
+    and flattened, the launch overrides, the files uploaded at the end."""
+    return Params(
+        config=flatten(redact(config)),
+        overrides=launch_overrides(run_dir),
+        run_name=cfg.run_name or run_dir.name,
+        artifacts=[
+            run_dir / "summary.json",
+            run_dir / "metrics" / "events-rank0.jsonl",
+            run_dir / "telemetry" / "report" / "report.html",
+        ],
+        unit=unit,
+    )
+
+
+def tracker_spool(cfg: TrackingConfig, run_dir: Path, name: str) -> Spool | None:
+    """Where tracker `name` keeps what it missed (None: tracking.spool_max_records=0)."""
+    if cfg.spool_max_records <= 0:
+        return None
+    return Spool(spool_path(run_dir, name), cfg.spool_max_records)
 
 
 HANGS_SENT = "tracking/hangs_sent.json"  # the hang dumps already sent to the trackers

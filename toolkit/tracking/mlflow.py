@@ -98,6 +98,11 @@ class MlflowTracker:
         for i in range(0, len(metrics), 1000):  # MLflow's limit per log_batch
             self._client.log_batch(self.run_id, metrics=metrics[i : i + 1000])
 
+    def missing_steps(self, steps: list[int]) -> set[int]:
+        """Of `steps`, those the run has no train/loss of (toolkit track sync)."""
+        have = {m.step for m in self._client.get_metric_history(self.run_id, "train/loss")}
+        return {s for s in steps if s not in have}
+
     def log_series(self, series: dict[str, list[tuple[float, float]]]) -> None:
         from mlflow.entities import Metric
 

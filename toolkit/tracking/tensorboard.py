@@ -74,6 +74,19 @@ class TensorBoardTracker:
                 self._scalar(tag, value, item.step, _walltime(item))
         self._file.flush()
 
+    def missing_steps(self, steps: list[int]) -> set[int]:
+        """Of `steps`, every one from the first the log dir has no train/loss of (read with
+        TensorBoard's own reader): the records written from there start a session that
+        purges what followed, so TensorBoard shows one line (toolkit track sync)."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        reader = EventAccumulator(str(self.log_dir), size_guidance={"scalars": 0})
+        reader.Reload()
+        loss = "train/loss" in reader.Tags().get("scalars", [])
+        have = {e.step for e in reader.Scalars("train/loss")} if loss else set()
+        gaps = [s for s in steps if s not in have]
+        return {s for s in steps if gaps and s >= min(gaps)}
+
     def log_series(self, series: dict[str, list[tuple[float, float]]]) -> None:
         for tag, points in series.items():  # step: seconds since the series' first sample
             for t, value in points:
