@@ -39,13 +39,22 @@ class ConsoleSink:
                 TextColumn("[bold]train"),
                 BarColumn(),
                 MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}  {task.fields[tps]}  MFU {task.fields[mfu]}"),
+                TextColumn(
+                    "epoch {task.fields[epoch]}  loss {task.fields[loss]}  {task.fields[tps]}  "
+                    "MFU {task.fields[mfu]}"
+                ),
                 TimeElapsedColumn(),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
             )
             self._task = self._progress.add_task(
-                "train", total=total_steps, completed=start_step, loss="-", tps="-", mfu="-"
+                "train",
+                total=total_steps,
+                completed=start_step,
+                epoch="-",
+                loss="-",
+                tps="-",
+                mfu="-",
             )
             self._progress.start()
 
@@ -59,6 +68,7 @@ class ConsoleSink:
             self._progress.update(
                 self._task,
                 completed=r.step,
+                epoch=r.epoch,
                 loss=f"{r.loss:.4f}",
                 tps=self._throughput(r),
                 mfu=f"{100 * r.mfu:.2f}%",
