@@ -76,6 +76,7 @@ def test_the_host_and_device_paths_cut_the_same_gap_free_batches_and_resume_exac
     host = build_loaders(cfg, plan(), 8, 4, False)[0]
     want = [next(host)[1] for _ in range(30)]  # 240 samples: past the first epoch (172)
     host.close()
+    assert host.epoch == 1  # step 29 starts at sample 232
     dev = market_loaders(cfg, plan(), 8, 4, torch.device("cpu"), False)[0]
     for step in range(3):
         for a, b in zip(next(dev)[1], want[step], strict=True):
@@ -84,6 +85,7 @@ def test_the_host_and_device_paths_cut_the_same_gap_free_batches_and_resume_exac
             )
     state = dev.state_dict()
     dev.close()
+    assert dev.epoch == 0
     for rank in range(2):  # the device path's checkpoint, resumed by the host on two ranks
         resumed = build_loaders(cfg, plan(2, rank), 8, 4, False)[0]
         resumed.load_state_dict(state)
@@ -92,6 +94,7 @@ def test_the_host_and_device_paths_cut_the_same_gap_free_batches_and_resume_exac
             half = slice(4 * rank, 4 * rank + 4)
             assert torch.equal(got[0], want[step][0][0][half])
         resumed.close()
+        assert resumed.epoch == 1
 
 
 def test_the_launcher_says_how_many_windows_the_gaps_leave_out(halted, caplog):

@@ -75,10 +75,11 @@ def test_a_finite_stream_ends_its_epoch_and_starts_the_next():
     assert loader.stream.dataset.epochs_set == [0, 1]
 
 
-def test_a_stream_with_state_resumes_exactly_also_across_an_epoch_end():
+@pytest.mark.parametrize("shards", ["toolkit", "shard"])
+def test_a_stream_with_state_resumes_exactly_also_across_an_epoch_end(shards):
     """Two ranks, one worker each: a run saved after step 2 and resumed in fresh loaders
     gives the batches of the run that went on (steps 3..6 cross the end of epoch 0)."""
-    data = stream(14, "toolkit", 1)
+    data = stream(14, shards, 1)
     whole = [read(build_loaders(data, plan(2, r), False)[0], 6) for r in range(2)]
     first = [build_loaders(data, plan(2, r), False)[0] for r in range(2)]
     for loader in first:
