@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
+import pyarrow.parquet
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from toolkit.data.device import market_loaders
 from toolkit.data.loader import SamplePlan, build_loaders, market_windows
 from toolkit.data.manifest import DataError
 from toolkit.data.prepare import prepare
-from toolkit.data.samples import SampleSpec, gap_free
+from toolkit.data.samples import SampleSpec, gap_free, max_gap_of
 from toolkit.data.training import prepare as prepare_training
 from toolkit.data.writer import write_dataset
 
@@ -35,7 +36,8 @@ def halted(tmp_path_factory):
     times = np.arange(300, dtype=np.int64) * MINUTE
     times[HALT:] += 60 * MINUTE
     out = tmp_path_factory.mktemp("halted") / "data"
-    write_dataset(out, values, np.ones_like(values, np.uint8), times, list("ABCD"), ["ret", "x"])
+    mask = np.ones_like(values, np.uint8)
+    write_dataset(out, values, mask, times, list("ABCD"), ["ret", "x"], time_unit="ns")
     return out
 
 
@@ -64,11 +66,13 @@ def test_auto_leaves_out_the_halt_and_null_draws_every_window(halted):
     assert auto.order.num_anchors == len(auto.anchors)
     ids = auto.order.ids(0, 10 * auto.order.epoch_len)
     assert not set(auto.anchors[ids].tolist()) & set(range(98, 115))
-    two_hours = config(halted, seq_len=16, max_gap=str(2 * 60 * MINUTE))
-    assert market_windows(two_hours, plan(), 0, 0)[0].order.num_anchors == 189
-    for multiple, anchors in (("61x", 189), ("60x", 172)):  # the halt: 61 median steps
-        cfg = config(halted, seq_len=16, max_gap=multiple)
-        assert market_windows(cfg, plan(), 0, 0)[0].order.num_anchors == anchors
+    # The halt: 61 minutes between two steps, 61 median steps; as a number, nanoseconds.
+    for limit, anchors in (("61x", 189), ("60x", 172), ("2h", 189), ("61min", 189)):
+        cfg = config(halted, seq_len=16, max_gap=limit)
+        assert market_windows(cfg, plan(), 0, 0)[0].order.num_anchors == anchors, limit
+    for limit, anchors in (("30min", 172), (str(60 * MINUTE), 172), (str(61 * MINUTE), 189)):
+        cfg = config(halted, seq_len=16, max_gap=limit)
+        assert market_windows(cfg, plan(), 0, 0)[0].order.num_anchors == anchors, limit
 
 
 def test_the_host_and_device_paths_cut_the_same_gap_free_batches_and_resume_exactly(halted):
@@ -112,6 +116,25 @@ def test_max_gap_is_validated_and_a_split_left_without_windows_is_one_line(halte
         DataError, match=r"^data.max_gap=1: every window of the test period \(lookback 16"
     ):
         market_windows(config(halted, max_gap="1"), plan(), 0, 0)
+
+
+def test_prepare_records_the_time_unit_that_durations_need(tmp_path):
+    """Timestamps are nanoseconds, dates days, integers have no unit: a duration as
+    data.max_gap on those is one line asking for a number or a multiple."""
+    for times, unit in (
+        (np.array(["2024-01-02T09:30", "2024-01-02T09:31"], dtype="datetime64[ns]"), "ns"),
+        (np.array(["2024-01-02", "2024-01-03"], dtype="datetime64[D]"), "day"),
+        (np.array([7, 8]), None),
+    ):
+        source, out = tmp_path / f"{unit}.parquet", tmp_path / f"{unit}-data"
+        table = pa.table({"time": pa.array(times), "instrument": ["A", "A"], "ret": [0.1, 0.2]})
+        pa.parquet.write_table(table, source)
+        manifest = prepare(source, out)
+        assert manifest.time_unit == unit
+    assert max_gap_of("16h", times, "ns") == 16 * 60 * MINUTE
+    assert max_gap_of("3d", times, "day") == 3
+    with pytest.raises(DataError, match=r"^data.max_gap=16h: a duration, and this dataset's"):
+        max_gap_of("16h", times, manifest.time_unit)
 
 
 def test_a_duplicate_time_and_instrument_is_named_with_its_rows(tmp_path):

@@ -33,8 +33,8 @@ class DataConfig:
     embargo: int | None = None  # time steps between periods; None: the horizon
     # Windows spanning a gap between consecutive time steps longer than this are not drawn
     # (overnight, weekend, halt): "auto" (10 median steps), "<k>x" (k median steps), a
-    # number in the time index's units (days for dates, nanoseconds for timestamps), or
-    # None: every window (docs/data.md, "Gaps in time").
+    # duration ("90s", "30min", "16h", "3d"), a number in the time index's units (days for
+    # dates, nanoseconds for timestamps), or None: every window (docs/data.md, "Gaps in time").
     max_gap: str | None = "auto"
     num_workers: int = 2  # loader processes, every kind (0: in the training process)
     pin_memory: bool = True  # page-locked batches, non-blocking copies (GPU only; every kind)
@@ -185,18 +185,19 @@ def returns_problems(d: DataConfig, model: ModelConfig) -> list[str]:
     return p
 
 
-MAX_GAP = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?x?")
+MAX_GAP = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?(?:x|s|min|h|d)?")
 
 
 def max_gap_problems(value: str | None) -> list[str]:
-    """data.max_gap: null, auto, a positive number (the time index's units) or a positive
-    multiple of the median time step (`3x`)."""
+    """data.max_gap: null, auto, a positive multiple of the median time step (`3x`), a
+    positive duration (`90s`, `30min`, `16h`, `3d`) or number (the time index's units)."""
     if value is None or value == "auto":
         return []
-    if not MAX_GAP.fullmatch(value) or float(value.rstrip("x")) <= 0:
+    if not MAX_GAP.fullmatch(value) or float(value.rstrip("xsminhd")) <= 0:
         return [
             f"data.max_gap={value!r}: not a gap; use auto (10 median time steps), a multiple "
-            "of the median step such as 3x, a positive number in the time index's units "
-            "(days for dates, nanoseconds for timestamps), or null for no limit"
+            "of the median step such as 3x, a duration such as 90s, 30min, 16h or 3d, a "
+            "positive number in the time index's units (days for dates, nanoseconds for "
+            "timestamps), or null for no limit"
         ]
     return []

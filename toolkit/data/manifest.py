@@ -30,6 +30,9 @@ class DataError(ValueError):
         super().__init__(" ".join(message.split()))
 
 
+TIME_UNITS = (None, "day", "ns")
+
+
 @dataclass
 class Part:
     path: str  # relative to the dataset directory
@@ -51,6 +54,9 @@ class Manifest:
     dtype: str = "float32"
     version: int = 1
     moments: str | None = None  # per-chunk moments file (toolkit.data.moments), if stored
+    # What one unit of times.npy is: "day" (prepared from dates), "ns" (from timestamps), or
+    # None (integers as the source wrote them; a manifest from before this field).
+    time_unit: str | None = None
 
     @property
     def num_times(self) -> int:
@@ -136,6 +142,8 @@ def check_consistent(path: Path, m: Manifest) -> None:
         problem = f"chunk {m.chunk} is not three positive sizes"
     elif not _numeric(m.dtype):
         problem = f"dtype {m.dtype!r} is not a numeric type (float or integer)"
+    elif m.time_unit not in TIME_UNITS:
+        problem = f"time_unit {m.time_unit!r} is not one of day, ns (or null)"
     else:
         for part in m.parts:
             if not 0 <= part.time_start < part.time_stop <= m.shape[0]:

@@ -98,6 +98,20 @@ def _times_as_int(column) -> np.ndarray:
     ).astype(np.int64)
 
 
+def _time_unit(column) -> str | None:
+    """What _times_as_int makes of a time column: "day", "ns", or None (integers)."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(column.type):
+        return None
+    if pa.types.is_date(column.type):
+        return "day"
+    if pa.types.is_timestamp(column.type):
+        return "ns"
+    parsed = np.asarray(column.slice(0, 1).to_pylist(), dtype="datetime64")
+    return "day" if np.datetime_data(parsed.dtype)[0] in ("Y", "M", "W", "D") else "ns"
+
+
 def _column_names(path: Path) -> list[str]:
     import pyarrow as pa
     import pyarrow.csv as pcsv
@@ -138,7 +152,8 @@ def _keys(path: Path, time_column: str, instrument_column: str):
             )
     times = _times_as_int(keys.column(time_column))
     instruments = np.asarray(keys.column(instrument_column).cast(pa.string()).to_pylist())
-    return times, instruments, features
+    unit = _time_unit(keys.column(time_column)) if keys.num_rows else None
+    return times, instruments, features, unit
 
 
 def _missing(column) -> np.ndarray:
@@ -228,7 +243,7 @@ def prepare_long(
     date into files that do not overlap in time (files that do are read all at once)."""
     keys = [_keys(p, time_column, instrument_column) for p in files]
     features = keys[0][2]
-    for path, (_, _, other) in zip(files, keys, strict=True):
+    for path, (_, _, other, _) in zip(files, keys, strict=True):
         if other != features:
             raise DataError(
                 f"{path}: features {other} differ from {files[0]}'s {features}; use one schema"
@@ -239,7 +254,16 @@ def prepare_long(
     spans = [(keys[i][0].min(), keys[i][0].max()) for i in order if len(keys[i][0])]
     disjoint = all(a[1] < b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))
     groups = [[files[i] for i in order]] if not disjoint else [[files[i]] for i in order]
-    with DatasetWriter(out, times, list(instruments), features, fmt, chunk_len) as writer:
+    units = {k[3] for k in keys if len(k[0])}
+    if len(units) > 1:
+        raise DataError(
+            f"{files[0].parent}: the files' time columns mix "
+            f"{', '.join(sorted(str(u) for u in units))}; use one kind of time"
+        )
+    unit = units.pop() if units else None
+    with DatasetWriter(
+        out, times, list(instruments), features, fmt, chunk_len, time_unit=unit
+    ) as writer:
         for group in groups:
             tables = [_read_table(p) for p in group]
             table = _concat(tables, [time_column, instrument_column, *features])

@@ -74,17 +74,32 @@ def check_periods(periods: dict[str, Period], spec: SampleSpec, where: str) -> N
 GAP_FACTOR = 10  # data.max_gap=auto: gaps longer than this many median time steps
 
 
-def max_gap_of(value: str | None, times: np.ndarray) -> float | None:
+DURATION_S = {"s": 1.0, "min": 60.0, "h": 3600.0, "d": 86_400.0}
+
+
+def max_gap_of(value: str | None, times: np.ndarray, time_unit: str | None) -> float | None:
     """data.max_gap in the time index's units (toolkit.config.data.max_gap_problems says
     what is valid): None (no limit), "auto" (GAP_FACTOR median steps), "<k>x" (k median
-    steps), or a number."""
+    steps), a duration ("90s", "30min", "16h", "3d": needs the manifest's time_unit), or a
+    number."""
     if value is None:
         return None
     if value == "auto" or value.endswith("x"):
         factor = GAP_FACTOR if value == "auto" else float(value[:-1])
         steps = np.diff(times)
         return factor * float(np.median(steps)) if len(steps) else None
-    return float(value)
+    number = value.rstrip("smind").rstrip("h")
+    if number == value:
+        return float(value)
+    seconds = float(number) * DURATION_S[value[len(number) :]]
+    if time_unit is None:
+        raise DataError(
+            f"data.max_gap={value}: a duration, and this dataset's time index has no unit "
+            "(integers as its source wrote them); give a number in those units, or a "
+            "multiple of the median step such as 10x"
+        )
+    # Timestamps count whole nanoseconds: a limit of exactly 16 h keeps a 16 h gap.
+    return float(round(seconds * 1e9)) if time_unit == "ns" else seconds / 86_400
 
 
 def gap_free(anchors: range, times: np.ndarray, spec: SampleSpec, max_gap: float | None):

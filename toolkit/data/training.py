@@ -75,7 +75,7 @@ def open_dataset(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Open
         m.num_times, cfg.val_fraction, cfg.test_fraction, effective_embargo(cfg)
     )
     check_periods(periods, spec, f"{root / MANIFEST} ({m.num_times} time steps)")
-    anchors = split_anchors(cfg, reader.times, spec, periods)
+    anchors = split_anchors(cfg, reader.times, m.time_unit, spec, periods)
     opened = Opened(reader, spec, periods, [m.features.index(f) for f in names], anchors)
     if not num_series:  # a model of yours, not sized by the data: nothing to check here
         return opened
@@ -93,18 +93,22 @@ def open_dataset(cfg: DataConfig, num_series: int, num_targets: int = 0) -> Open
 
 
 def split_anchors(
-    cfg: DataConfig, times: np.ndarray, spec: SampleSpec, periods: dict[str, Period]
+    cfg: DataConfig,
+    times: np.ndarray,
+    time_unit: str | None,
+    spec: SampleSpec,
+    periods: dict[str, Period],
 ) -> dict[str, np.ndarray]:
     """Each split's anchors without the windows that span a gap longer than data.max_gap;
     a split left with none is one line."""
-    max_gap = max_gap_of(cfg.max_gap, times)
+    max_gap = max_gap_of(cfg.max_gap, times, time_unit)
     out = {name: gap_free(p.anchors(spec), times, spec, max_gap) for name, p in periods.items()}
     for name, anchors in out.items():
         if len(anchors) == 0:
             raise DataError(
                 f"data.max_gap={cfg.max_gap}: every window of the {name} period (lookback "
                 f"{spec.lookback} + horizon {spec.horizon} time steps) spans a gap between "
-                f"time steps longer than {max_gap:g} (in the time index's units); raise "
+                f"time steps longer than {max_gap:g} {time_unit or 'time index units'}; raise "
                 "data.max_gap, or set it to null to draw every window"
             )
     return out

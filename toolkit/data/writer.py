@@ -39,8 +39,10 @@ class DatasetWriter:
         fmt: str = "hdf5",
         chunk_len: int | None = None,
         chunks_per_part: int = 8,
+        time_unit: str | None = None,
     ):
         self.out = Path(out)
+        self.time_unit = time_unit  # toolkit.data.manifest.Manifest.time_unit
         if fmt not in FORMATS:
             raise DataError(f"format={fmt}: unknown; allowed: {', '.join(FORMATS)}")
         if self.out.exists():
@@ -124,6 +126,7 @@ class DatasetWriter:
             chunk=[self.chunk_len, len(self.instruments), len(self.features)],
             parts=self.parts,
             moments=MOMENTS,
+            time_unit=self.time_unit,
         )
         write_manifest(self.tmp, self.manifest)
         os.replace(self.tmp, self.out)
