@@ -62,7 +62,9 @@ def write_synthetic(
 ) -> Manifest:
     values, mask, times = generate(num_times, num_instruments, seed)
     names = [f"SYN{i:04d}" for i in range(num_instruments)]
-    return write_dataset(out, values, mask, times, names, FEATURES, fmt=fmt, chunk_len=chunk_len)
+    return write_dataset(
+        out, values, mask, times, names, FEATURES, fmt=fmt, chunk_len=chunk_len, time_unit="day"
+    )
 
 
 def cached_synthetic(
