@@ -157,6 +157,41 @@ def test_report_started_inside_the_run_dir_imports_nothing_from_it(samples_run, 
     untouched(tmp_path / "root")
 
 
+def test_perfmodel_started_inside_the_run_dir_imports_nothing_from_it(samples_run, tmp_path):
+    """`cd RUN && python -m toolkit.perfmodel --run .`: importing the package toolkit.perfmodel
+    (which runs before its __main__) loads nothing, so numpy, omegaconf and hydra are first
+    searched for after the working directory is off sys.path."""
+    run = plant(samples_run, tmp_path / "root" / "run", ("os.system",) * 3)
+    done = subprocess.run(
+        [sys.executable, "-m", "toolkit.perfmodel", "--run", ".", "--json"],
+        cwd=run,
+        env=isolated_env(tmp_path, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert '"unit": "samples"' in done.stdout
+    untouched(tmp_path / "root")
+
+
+def test_importing_the_perfmodel_package_imports_nothing_else():
+    """Its public names are loaded on first use (PEP 562), each from the module defining it."""
+    code = (
+        "import sys, toolkit.perfmodel as p\n"
+        "print(sorted(m for m in ('numpy', 'omegaconf', 'hydra', 'torch', 'typing')"
+        " if m in sys.modules))\n"
+        "from toolkit.perfmodel import Layout, predict_job\n"
+        "import toolkit.perfmodel.job as job, toolkit.perfmodel.model as model\n"
+        "print(predict_job is job.predict_job, Layout is model.Layout)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "True True"]
+
+
 def test_an_ensembles_recorded_model_counts_its_members():
     """An ensemble of K records one member's counts and K; the performance model takes K
     times the arithmetic, parameters and saved activations per sample."""

@@ -11,19 +11,39 @@ Library API::
     split = balanced_split(layer_costs(model, seq_len, hw), stages)  # blocks per stage
 
 CLI: ``python -m toolkit.perfmodel [OVERRIDE ...]`` (same Hydra config as the launcher).
+
+Importing the package imports nothing else: each public name is loaded on first use
+(PEP 562), so that `python -m toolkit.perfmodel --run RUN` can take the working directory off
+sys.path (toolkit/readonly.py) before numpy, omegaconf or hydra are first searched for.
 """
 
-from toolkit.perfmodel.job import layout_from_job, predict_job
-from toolkit.perfmodel.model import Layout, Prediction, predict
-from toolkit.perfmodel.pipeline import balanced_split, bubble_fraction, layer_costs
+from __future__ import annotations
 
-__all__ = [
-    "Layout",
-    "Prediction",
-    "balanced_split",
-    "bubble_fraction",
-    "layer_costs",
-    "layout_from_job",
-    "predict",
-    "predict_job",
-]
+import importlib  # loaded with the interpreter, as __future__ is; `typing` is not
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "Layout": "toolkit.perfmodel.model",
+    "Prediction": "toolkit.perfmodel.model",
+    "balanced_split": "toolkit.perfmodel.pipeline",
+    "bubble_fraction": "toolkit.perfmodel.pipeline",
+    "layer_costs": "toolkit.perfmodel.pipeline",
+    "layout_from_job": "toolkit.perfmodel.job",
+    "predict": "toolkit.perfmodel.model",
+    "predict_job": "toolkit.perfmodel.job",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
