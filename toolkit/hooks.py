@@ -14,6 +14,7 @@ same all-reduce, and `after_step` receives the sums.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -84,6 +85,15 @@ class Hook:
         """This rank's `num_votes` values, summed over ranks with the step's loss."""
         return []
 
+    def step_metrics(self, trainer: TrainerView, batch: list[Any]) -> dict[str, float]:
+        """Your own series at this step (name -> number), before its record is written:
+        they join it in metrics/rank<k>.jsonl, the report (a plot per series) and your
+        trackers (train/<name>). `trainer.step` is this step's number, `batch` this rank's
+        micro-batches of the step (as the loader gave them), `trainer.model`
+        the model after the step's update. Each rank reports its own values: all-reduce
+        for a global one (every rank calls this at the same point)."""
+        return {}
+
     def after_step(
         self, trainer: TrainerView, record: StepRecord, votes: list[float]
     ) -> Stop | None:
@@ -110,6 +120,32 @@ class Hook:
 
     def on_end(self, trainer: TrainerView) -> None:
         """Always, last, also after an error (release resources, wait for workers)."""
+
+
+_warned: set[str] = set()  # series step_metrics left out, said once each
+
+
+def step_metrics(hooks: list[Hook], trainer: TrainerView, batch: list[Any]) -> dict[str, float]:
+    """Every hook's step_metrics, as floats (a one-element tensor too); a value that is no
+    number is left out of the record, with one warning per hook and name (as session.log)."""
+    out: dict[str, float] = {}
+    for hook in hooks:
+        for name, value in hook.step_metrics(trainer, batch).items():
+            try:
+                out[str(name)] = float(value)
+            except (TypeError, ValueError, RuntimeError):
+                key = f"{type(hook).__name__}.{name}"
+                if key not in _warned:
+                    _warned.add(key)
+                    logging.getLogger(__name__).warning(
+                        "%s.step_metrics: %s=%.60r is not a number (return floats or "
+                        "one-element tensors); left out of this and later records where it "
+                        "is not one",
+                        type(hook).__name__,
+                        name,
+                        value,
+                    )
+    return out
 
 
 def split_votes(hooks: list[Hook], sums: list[float]) -> list[list[float]]:

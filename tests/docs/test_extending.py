@@ -74,3 +74,20 @@ def test_every_example_of_the_extending_page_runs(tmp_path):
     assert (tmp_path / "runs" / "lstm" / "checkpoints").is_dir()
     callback = json.loads((tmp_path / "runs" / "callback" / "summary.json").read_text())
     assert callback["max_grad_norm"] > 0
+    # The eval metric for your models as for the built-in one: the LSTM (its own loss
+    # method) and the TCN (a loss function of yours) are scored by rank IC.
+    for run in ("lstm", "tcn"):
+        summary = json.loads((tmp_path / "runs" / run / "summary.json").read_text())
+        assert -1.0 <= summary["val_ic"] <= 1.0, run
+    # A callback's series at every step: in the metrics file, the trackers and the report.
+    lines = [json.loads(ln) for ln in (tmp_path / "runs/callback/metrics/rank0.jsonl").open()]
+    assert [ln["step"] for ln in lines] == list(range(1, 11))
+    assert all(ln["weight_norm"] > 0 and ln["rank_tokens"] > 0 for ln in lines)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = EventAccumulator(str(tmp_path / "runs/callback/tracking/tensorboard")).Reload()
+    weight_norm = {e.step: e.value for e in tb.Scalars("train/weight_norm")}
+    assert weight_norm == pytest.approx({ln["step"]: ln["weight_norm"] for ln in lines})
+    assert tb.Scalars("eval/max_grad_norm")
+    report = json.loads((tmp_path / "runs/callback/telemetry/report/summary.json").read_text())
+    assert {"weight_norm", "rank_tokens", "eval/max_grad_norm"} <= set(report["custom_series"])

@@ -24,7 +24,7 @@ from toolkit.config.shape import split_global_batch
 from toolkit.config.trainer import TrainerConfig
 from toolkit.errors import EXIT_RESUME_REFUSED, UserError
 from toolkit.events import Event, StepRecord
-from toolkit.hooks import Hook, Stop, split_votes
+from toolkit.hooks import Hook, Stop, split_votes, step_metrics
 from toolkit.train.flops import mfu
 from toolkit.train.nonfinite import NonfiniteGuard
 from toolkit.train.parts import Data, Instruments, Learning, StepTiming
@@ -290,6 +290,7 @@ class Trainer:
                 step_time = time.perf_counter() - t_wait
                 self._count_flops_once(micro_batches)  # outside the step's own time
                 record = self._advance(timing, step_time, data_wait, lr)
+                record.metrics.update(step_metrics(self.hooks, self, micro_batches))
                 loss, grad_norm = timing.loss, timing.grad_norm
                 self.losses.append(loss)
                 self.records.append(record)

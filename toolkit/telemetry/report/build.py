@@ -188,6 +188,7 @@ def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Repo
     """Load, analyse and write every output under out_dir (default RUN_DIR/telemetry/report)."""
     from toolkit import slurm_cli
     from toolkit.telemetry.report import html, plots
+    from toolkit.telemetry.report.custom import custom_curves
 
     t0 = time.perf_counter()
     scaled = load_scaled(Path(run_dir), cfg) if streams(Path(run_dir), cfg) else None
@@ -218,6 +219,8 @@ def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Repo
         if cfg.plots:
             images = plots.write_plots(run, series, report, out, cfg.max_plot_points)
             report.outputs.update({k: str(v) for k, v in images.items()})
+            made = custom_curves(Path(run_dir), report.events, out, cfg.max_plot_points)
+            report.custom_series = {name: str(path) for name, path in made}
         report.elapsed_s = time.perf_counter() - t0
         report.outputs["html"] = str(html.write_html(report, images, out / "report.html"))
         report.outputs["json"] = str(out / "summary.json")

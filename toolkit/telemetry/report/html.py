@@ -100,6 +100,10 @@ def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
     for key, title in PLOTS:
         if key in images:
             parts.append(f"<h2 id={key}>{title}</h2>" + _image(images[key], title))
+    if report.custom_series:  # a callback's metrics, session.log's other names, eval metrics
+        parts.append("<h2 id=custom_series>Your series</h2>")
+        for name, png in report.custom_series.items():
+            parts.append(f"<h3>{html.escape(name)}</h3>" + _image(Path(png), name))
     parts.append(
         "<h2>Ranks</h2>"
         + _table(tables.header(tables.rank_columns(report)), tables.rank_rows(report))

@@ -35,6 +35,7 @@ class Report:
     layout: dict[str, Any] = field(default_factory=dict)  # RUN_DIR/mesh.json: degrees, warnings
     unit: str = "tokens"  # the model's throughput unit (RUN/model.json): tokens | samples
     model: dict[str, Any] | None = None  # RUN/model.json as the run recorded it (None: none)
+    custom_series: dict[str, str] = field(default_factory=dict)  # your series -> its plot
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -58,4 +59,5 @@ class Report:
             "layout": self.layout,
             "unit": self.unit,
             "model": self.model,
+            "custom_series": self.custom_series,
         }

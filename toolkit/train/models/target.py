@@ -125,10 +125,31 @@ def units_fn(cfg: TargetModelConfig) -> Callable[[nn.Module], list[nn.Module]]:
     return units
 
 
+def predict_fn(cfg: TargetModelConfig) -> Callable[[nn.Module, Batch], tuple]:
+    """The model's predictions for an eval metric (data=returns: val_ic), as for the built-in
+    time-series model: model(inputs) against the targets of an (inputs, targets) pair, where
+    the forward gives predictions (a named loss, or the model's own loss(output, targets));
+    (None, None), no metric, where it does not say."""
+
+    def predict(model: nn.Module, batch: Batch) -> tuple:
+        own = callable(getattr(model, "loss", None)) or cfg.loss != "auto"
+        if not own or not (isinstance(batch, list | tuple) and len(batch) == 2):
+            return None, None
+        inputs, targets = batch
+        out = model(inputs)  # several heads (a tuple) score nothing: no one prediction
+        if not isinstance(out, torch.Tensor) or not isinstance(targets, torch.Tensor):
+            return None, None
+        last = out[:, -1] if out.dim() == 3 and targets.dim() == 2 else out  # a sequence's
+        return (last, targets) if last.shape == targets.shape else (None, None)
+
+    return predict
+
+
 def spec(cfg: TargetModelConfig) -> ModelSpec:
     return ModelSpec(
         name=cfg.name or cfg.target.rsplit(".", 1)[-1],
         build=build,
         units=units_fn(cfg),
         loss=loss_fn(cfg),
+        predict=predict_fn(cfg),
     )
