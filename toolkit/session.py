@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import mmap
 import os
 import signal
@@ -105,7 +106,9 @@ class _Session:
 
         run_dir = Path(self.spec.run_dir)
         job = load_job(run_dir / "config.yaml")
-        sinks = build_tracking_sinks(job.tracking, True, run_dir, job_to_dict(job))
+        from toolkit.config.script import described  # the script, not the default model
+
+        sinks = build_tracking_sinks(job.tracking, True, run_dir, described(job_to_dict(job)))
         if not sinks:
             return None
         trackers = Fanout(sinks)
@@ -191,7 +194,13 @@ def log(step: int, **metrics: float) -> None:
     fixed = {"step": step, "wall_time": now, "rank": s.spec.rank, "attempt": s.attempt}
     series = {k: v for k, v in metrics.items() if k not in known}  # your own: train/<name>
     record = StepRecord(**{**base, **given, **fixed}, metrics=series)
-    line = step_line(record)
+    # What the script did not log is absent from its line, not 0.0 (and NaN, "not logged",
+    # for its trackers).
+    kept = given.keys() | fixed.keys() | {"step_time_s"}
+    line = {k: v for k, v in step_line(record).items() if k in kept or k not in known}
+    unlogged = {
+        k: math.nan for k, v in vars(record).items() if k in known - kept and isinstance(v, float)
+    }
     s.last_log = now
     s.beat(step)
     try:
@@ -199,7 +208,7 @@ def log(step: int, **metrics: float) -> None:
         if s.sender is not None:
             s.sender.send({"kind": "step", **dataclasses.asdict(record)})
         if s.trackers is not None:
-            s.trackers.write_step(record)
+            s.trackers.write_step(dataclasses.replace(record, **unlogged))
     except Exception:  # noqa: BLE001 - a metrics failure must not stop training
         _logger.exception("toolkit.session: could not write the record of step %d", step)
 

@@ -12,6 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from toolkit.config.errors import control_characters, control_problem
 
@@ -75,3 +76,19 @@ def problems(cfg: ScriptConfig) -> list[str]:
     if (cfg.args or cfg.python) and not cfg.enabled:
         p.append("script.args/script.python: set script.path or script.module too")
     return p
+
+
+# The groups of a job that apply to a script run: the rest (model, data, optim, trainer, ...)
+# are the built-in task's defaults, which the script never read.
+SCRIPT_GROUPS = ("script", "cluster", "nccl", "telemetry", "fault", "launch", "checkpoint")
+
+
+def described(config: dict[str, Any]) -> dict[str, Any]:
+    """A script job (the job as a nested dict) as its trackers record it: the task, the
+    script (path or module, arguments, interpreter, directory) and the groups that apply to
+    it; never the default model's or trainer's settings, which it did not use. (The
+    trackers redact it: toolkit.tracking.build.run_params.)"""
+    kept = {"task": "script"} | {g: config[g] for g in SCRIPT_GROUPS if g in config}
+    script = kept.get("script") or {}
+    kept["script"] = {k: v for k, v in script.items() if v not in (None, [])}
+    return kept
