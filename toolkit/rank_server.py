@@ -1,4 +1,4 @@
-"""`python -m toolkit.rank_server FD`: the server of `launch.rank_start=fork`
+"""`python -m toolkit.rank_server FD [TASK]`: the server of `launch.rank_start=fork`
 (toolkit.executors.rank_start). Imports what every rank imports, then, for each request on
 the socket FD (a rank's run dir, environment and working directory, with its stdout, stderr
 and run-dir lock as descriptors), forks the rank and says its pid; says each rank's exit
@@ -31,15 +31,26 @@ LEFT_TO_THE_RANKS = (
 )
 
 
-def preload() -> None:
+def preload(task: str = "train") -> None:
+    """What every rank of `task` imports. A script's ranks get torch and the wrapper alone:
+    what else the script imports (FSDP, dynamo, ...) it imports itself, as under torchrun."""
     import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    import toolkit.config.compose  # noqa: F401
+    import toolkit.entrypoint  # noqa: F401
+    import toolkit.tasks  # noqa: F401
+
+    if task == "script":
+        import toolkit.tasks.script  # noqa: F401
+        import toolkit.tasks.script_runner  # noqa: F401
+        import toolkit.tasks.watchdog  # noqa: F401
+
+        return
     import torch._dynamo  # noqa: F401 - fully_shard imports it (~0.4 s)
     import torch.distributed.fsdp  # noqa: F401
 
-    import toolkit.config.compose  # noqa: F401
     import toolkit.distributed.init  # noqa: F401
-    import toolkit.entrypoint  # noqa: F401
-    import toolkit.tasks  # noqa: F401
     import toolkit.train.models.registry  # noqa: F401
 
 
@@ -114,8 +125,9 @@ def become_rank(request: dict, fds: list[int]) -> None:
 
 
 def main(argv: list[str]) -> None:
+    """argv: the socket's descriptor, then the task its ranks run (`train`, `script`)."""
     sock = socket.socket(fileno=int(argv[0]))
-    preload()
+    preload(argv[1] if len(argv) > 1 else "train")
     serve(sock)
 
 

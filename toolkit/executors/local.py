@@ -174,7 +174,11 @@ class LocalExecutor:
         descendants.become_subreaper()
         before = descendants.below()
         server = (
-            RankServer(rank_env(0, world, port, run.run_dir), logs / "rank_server.log")
+            RankServer(
+                rank_env(0, world, port, run.run_dir),
+                logs / "rank_server.log",
+                "script" if job.script.enabled else "train",
+            )
             if use_fork(job.launch.rank_start, local_gpu_count())
             else None
         )

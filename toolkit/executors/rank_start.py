@@ -109,17 +109,17 @@ class ForkedRank:
 
 
 class RankServer:
-    """The launcher's side: starts the server (which imports torch while the launcher goes
-    on), asks it for ranks, and hears their exit statuses."""
+    """The launcher's side: starts the server (which imports torch, and what ranks of `task`
+    import, while the launcher goes on), asks it for ranks, and hears their exit statuses."""
 
-    def __init__(self, env: dict[str, str], log: Path):
+    def __init__(self, env: dict[str, str], log: Path, task: str = "train"):
         # A child subreaper: a rank whose server was killed becomes the launcher's child,
         # to be reaped with its exit status.
         become_subreaper()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log, "ab") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "toolkit.rank_server", str(theirs.fileno())],
+                [sys.executable, "-m", "toolkit.rank_server", str(theirs.fileno()), task],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=err,

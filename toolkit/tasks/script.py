@@ -1,19 +1,22 @@
-"""task=script: every rank runs your own script as a child process, with torchrun's
-environment, and this process (the rank wrapper) gives it the toolkit's machinery.
+"""task=script: every rank runs your own script, with torchrun's environment, and gives it
+the toolkit's machinery.
 
-The wrapper does not join a process group (the script does, from RANK, WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT). It
+The script runs in the rank's own process (`run_here`: one interpreter start per rank, the
+torch the rank server imported already there), as `python FILE ARGS` runs it; where
+script.python names another interpreter, as the rank's child (`run_child`). The rank does
+not join a process group (the script does, from RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT). It
 - starts the node's telemetry agent (the first rank of each node), which samples GPU/host/IB
   into the node's HDF5 file and runs the hang watchdog on this rank's heartbeat;
 - beats that heartbeat for the script: at process level (new output or CPU time of the
   script), or at step resolution once the script calls toolkit.session.heartbeat();
-- forwards the preemption signals (cluster.signal, SIGTERM) to the script and, on Slurm,
-  requeues the job under checkpoint.requeue / checkpoint.max_restarts when the script asked
-  for it (toolkit.session.requeue) or was ended by the signal, but not when the signal is
-  Slurm ending the step because a rank's script failed first (`note_failure`);
-- ends with the script's exit status; the script dies with its wrapper (PDEATHSIG), and
-  what the script started (forked children, setsid daemons) with the script
-  (toolkit.descendants: this process is their child subreaper).
+- lets a preemption signal (cluster.signal, SIGTERM) end the script as it would end
+  `python FILE` (a child: forwards it), unless the script handles it (toolkit.session) and,
+  on Slurm, requeues the job under checkpoint.requeue / checkpoint.max_restarts when the
+  script asked for it (toolkit.session.requeue) or was ended by the signal, but not when the
+  signal is Slurm ending the step because a rank's script failed first (`note_failure`);
+- ends with the script's exit status; what the script started (forked children, setsid
+  daemons) ends with it (toolkit.descendants: this process is their child subreaper).
 """
 
 from __future__ import annotations
@@ -66,23 +69,6 @@ def command(job: JobConfig, run_dir: Path) -> list[str]:
     return [*runner, *target, "--", *map(str, cfg.args)]
 
 
-# The groups of a job that apply to a script run: the rest (model, data, optim, trainer, ...)
-# are the built-in task's defaults, which the script never read.
-SCRIPT_GROUPS = ("script", "cluster", "nccl", "telemetry", "fault", "launch", "checkpoint")
-
-
-def described(config: dict[str, Any]) -> dict[str, Any]:
-    """A script job (the job as a nested dict) as its trackers record it: the task, the
-    script (path or module, arguments redacted, interpreter, directory) and the groups that
-    apply to it; never the default model's or trainer's settings, which it did not use."""
-    from toolkit.redact import redact
-
-    kept = {"task": "script"} | {g: config[g] for g in SCRIPT_GROUPS if g in config}
-    script = kept.get("script") or {}
-    kept["script"] = {k: v for k, v in script.items() if v not in (None, [])}
-    return redact(kept)
-
-
 def torchrun_env(env: DistEnv) -> dict[str, str]:
     """The variables torchrun gives each of its workers."""
     return {
@@ -121,7 +107,9 @@ def _pump(src: BinaryIO, dst: BinaryIO, seen: list[int], copy: BinaryIO | None =
                 log_cap.check(out.fileno())  # launch.max_log_bytes: rotated past the cap
 
 
-def kept_copy(stream: BinaryIO, run_dir: Path, rank: int, kind: str) -> BinaryIO | None:
+def kept_copy(
+    stream: BinaryIO, run_dir: Path, rank: int, kind: str, max_bytes: int = 0
+) -> BinaryIO | None:
     """RUN_DIR/logs/rank<k>.<kind> (appended, 0600) when `stream` is not already a file in the
     run dir: rank 0 followed on a terminal (or a pipe, or an sbatch --output elsewhere) keeps
     its output in the run dir as well. None when the stream is the run dir's own file."""
@@ -135,6 +123,7 @@ def kept_copy(stream: BinaryIO, run_dir: Path, rank: int, kind: str) -> BinaryIO
                         return None
         logs.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(logs / f"rank{rank}.{kind}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log_cap.cap(fd, run_dir, max_bytes)  # rotated past launch.max_log_bytes
         return os.fdopen(fd, "ab")
     except (OSError, ValueError):
         return None
@@ -185,7 +174,7 @@ class Progress:
 
 
 def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict[str, Any]:
-    from toolkit.tasks.train_hooks import watchdog_spec
+    from toolkit.tasks.watchdog import watchdog_spec
 
     attempt = restart_count()
     sinks = build_telemetry_sinks(
@@ -211,13 +200,59 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
         (run_dir / REQUEST).unlink(missing_ok=True)
         if attempt > 0:
             note_restart(run_dir, attempt)
-    child_env = os.environ | torchrun_env(env) | {ENV: spec.to_env(), "PYTHONUNBUFFERED": "1"}
-    cmd = command(job, run_dir)
     log.info("rank %d runs %s", env.rank, redact_text(job.script.command_line()))
     received: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _f: received.append(signum)) for s in signals}
+    try:
+        here = in_this_process(job)
+        started = run_here if here else run_child
+        try:
+            code = started(job, env, run_dir, spec, hb, received)
+        finally:
+            for s in sinks:
+                s.close()
+            beat_path.unlink(missing_ok=True)
+        signalled = bool(received) or (here and stopped_by_session())
+        if code != 0 and not signalled:
+            note_failure(run_dir, env, attempt, code, received)
+        # Still under the handlers: `scontrol requeue` SIGTERMs this job while rank 0 is yet
+        # to make the requeued job eligible now (Slurm would hold it ~120 s).
+        code = after_script(job, env, run_dir, code, signalled)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if env.is_rank0:
+        write_summary(run_dir, code)
+    return {"exit_code": code}
+
+
+def in_this_process(job: JobConfig) -> bool:
+    """Whether the script runs in this rank's own process (its interpreter is this one: no
+    second interpreter start, torch already imported), or as its child (script.python names
+    another interpreter)."""
+    if not job.script.python:
+        return True
+    with contextlib.suppress(OSError):
+        return Path(job.script.python).resolve() == Path(sys.executable).resolve()
+    return False
+
+
+def stopped_by_session() -> bool:
+    """Whether a preemption signal reached the script's toolkit.session (its handler, not
+    this wrapper's, took it)."""
+    session = sys.modules.get("toolkit.session")
+    current = getattr(session, "_session", None)
+    return current is not None and current.stop_signum is not None
+
+
+def run_child(
+    job: JobConfig, env: DistEnv, run_dir: Path, spec: SessionSpec, hb: Any, received: list[int]
+) -> int:
+    """The script in a child process (another interpreter): the signals forwarded, its
+    output pumped to this rank's streams; its exit status."""
+    child_env = os.environ | torchrun_env(env) | {ENV: spec.to_env(), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        cmd,
+        command(job, run_dir),
         env=child_env,
         cwd=job.script.cwd,
         stdin=subprocess.DEVNULL,
@@ -230,51 +265,167 @@ def run(job: JobConfig, env: DistEnv, run_dir: Path, device: Any = None) -> dict
         hb.beat("startup", 0)
     seen = [0]
     streams = ((proc.stdout, sys.stdout.buffer, "out"), (proc.stderr, sys.stderr.buffer, "err"))
-    copies = [kept_copy(dst, run_dir, env.rank, kind) for _, dst, kind in streams]
+    max_bytes = job.launch.max_log_bytes
+    copies = [kept_copy(dst, run_dir, env.rank, kind, max_bytes) for _, dst, kind in streams]
     pumps = [
         threading.Thread(target=_pump, args=(src, dst, seen, copy), daemon=True)
         for (src, dst, _), copy in zip(streams, copies, strict=True)
     ]
     for t in pumps:
         t.start()
-    progress = Progress(beat_path)
+    progress = Progress(Path(spec.beat_path))
     forwarded = 0
     try:
-        try:
-            while proc.poll() is None:
-                time.sleep(POLL_S)
-                while forwarded < len(received):  # the handler only noted it: forward it here
-                    with contextlib.suppress(OSError):
-                        proc.send_signal(received[forwarded])
-                    forwarded += 1
-                if hb is not None and progress.moved(seen[0], cpu_time_s(proc.pid)):
-                    # Startup (hang_startup_timeout_s) until the script shows a sign of life.
-                    hb.beat("step", progress.step)
-            # What the script started and left running (forked children, setsid daemons,
-            # adopted by this rank: a child subreaper) ends with it; they may hold its
-            # output pipes open too.
-            descendants.end(job.launch.kill_grace_s)
-            for t in pumps:
-                t.join(timeout=5)
-        finally:
-            for copy in copies:
-                if copy is not None:
-                    copy.close()
-            for s in sinks:
-                s.close()
-            beat_path.unlink(missing_ok=True)
-        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        if code != 0 and not received:
-            note_failure(run_dir, env, attempt, code, received)
-        # Still under the handlers: `scontrol requeue` SIGTERMs this job while rank 0 is yet
-        # to make the requeued job eligible now (Slurm would hold it ~120 s).
-        code = after_script(job, env, run_dir, code, bool(received))
+        while proc.poll() is None:
+            time.sleep(POLL_S)
+            while forwarded < len(received):  # the handler only noted it: forward it here
+                with contextlib.suppress(OSError):
+                    proc.send_signal(received[forwarded])
+                forwarded += 1
+            if hb is not None and progress.moved(seen[0], cpu_time_s(proc.pid)):
+                # Startup (hang_startup_timeout_s) until the script shows a sign of life.
+                hb.beat("step", progress.step)
+        # What the script started and left running (forked children, setsid daemons,
+        # adopted by this rank: a child subreaper) ends with it; they may hold its
+        # output pipes open too.
+        descendants.end(job.launch.kill_grace_s)
+        for t in pumps:
+            t.join(timeout=5)
     finally:
-        for s, handler in previous.items():
+        for copy in copies:
+            if copy is not None:
+                copy.close()
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def run_here(
+    job: JobConfig, env: DistEnv, run_dir: Path, spec: SessionSpec, hb: Any, received: list[int]
+) -> int:
+    """The script in this rank's own process, as `python FILE ARGS` would run it (with
+    torchrun's environment): one interpreter start per rank, and the torch this rank (or the
+    rank server it was forked from) imported already. Its output goes through a pipe to this
+    rank's streams (counted: progress; copied to the run dir for a followed rank 0); a
+    thread beats the heartbeat on its progress. A preemption signal the script does not
+    handle itself ends it as it would end `python FILE` (exit 128 + the signal), through
+    its `finally` blocks. Its exit status."""
+    from toolkit.tasks import script_runner
+
+    cfg = job.script
+    os.environ.update(torchrun_env(env) | {ENV: spec.to_env()})
+    if hb is not None:
+        hb.pid = os.getpid()  # the watchdog dumps this process's stacks and ends it
+        hb.beat("startup", 0)
+    seen = [0]
+    redirected = [Redirected(fd, run_dir, env.rank, kind, job.launch.max_log_bytes, seen)
+                  for fd, kind in ((1, "out"), (2, "err"))]  # fmt: skip
+    done = threading.Event()
+    watch = threading.Thread(
+        target=_watch_here, args=(Progress(Path(spec.beat_path)), hb, seen, done), daemon=True
+    )
+    watch.start()
+
+    def stop(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        raise SystemExit(128 + signum)
+
+    handlers = {s: signal.signal(s, stop) for s in spec.stop_signals}
+    cwd = os.getcwd()
+    logging_state = _own_logging()
+    argv, path = list(sys.argv), list(sys.path)
+    kind, target = ("--module", cfg.module) if cfg.module else ("--path", "")
+    target = target or str(Path(cfg.path).resolve())  # as command(): from the launch's cwd
+    try:
+        if cfg.cwd:
+            os.chdir(cfg.cwd)
+        try:
+            code: Any = script_runner.run_script(
+                run_dir, env.rank, kind, target, list(map(str, cfg.args))
+            )
+        except SystemExit as exit_:
+            code = exit_.code
+        code = code if isinstance(code, int) else int(code is not None)
+    finally:
+        for s, handler in handlers.items():
             signal.signal(s, handler)
-    if env.is_rank0:
-        write_summary(run_dir, code)
-    return {"exit_code": code}
+        sys.argv[:], sys.path[:] = argv, path
+        os.chdir(cwd)
+        _restore_logging(logging_state)
+        done.set()
+        descendants.end(job.launch.kill_grace_s)  # what the script started, as run_child
+        for r in redirected:
+            r.close()
+        watch.join(timeout=5)
+    return code
+
+
+def _watch_here(progress: Progress, hb: Any, seen: list[int], done: threading.Event) -> None:
+    if hb is None:
+        return
+    me = os.getpid()
+    while not done.wait(POLL_S):
+        if progress.moved(seen[0], cpu_time_s(me)):
+            hb.beat("step", progress.step)
+
+
+class Redirected:
+    """Descriptor `fd` (1 or 2) through a pipe for the time of the script: a thread copies
+    what it writes to where `fd` pointed (and to the run dir's file of it when that is not a
+    file of the run dir: `kept_copy`), counting the bytes (`seen`: progress)."""
+
+    def __init__(
+        self, fd: int, run_dir: Path, rank: int, kind: str, max_bytes: int, seen: list[int]
+    ):
+        self.fd = fd
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        self.saved = os.dup(fd)
+        log_cap.cap(self.saved, run_dir, max_bytes)  # still rotated past launch.max_log_bytes
+        dst = os.fdopen(self.saved, "wb", buffering=0, closefd=False)
+        copy = kept_copy(dst, run_dir, rank, kind, max_bytes)
+        read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+        src = os.fdopen(read, "rb")
+        self.files = [f for f in (dst, copy, src) if f is not None]
+        self.pump = threading.Thread(target=_pump, args=(src, dst, seen, copy), daemon=True)
+        self.pump.start()
+
+    def close(self) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(self.saved, self.fd)  # the pipe's last writer here gone: the pump ends
+        self.pump.join(timeout=5)
+        for f in self.files:
+            with contextlib.suppress(OSError):
+                f.close()
+        with contextlib.suppress(OSError):
+            os.close(self.saved)
+
+
+def _own_logging() -> tuple[list[logging.Handler], int, bool]:
+    """The script gets the root logger as a fresh interpreter has it (its basicConfig works);
+    the toolkit's own loggers keep this rank's handlers meanwhile."""
+    root, own = logging.getLogger(), logging.getLogger("toolkit")
+    state = (list(root.handlers), root.level, own.propagate)
+    for h in state[0]:
+        root.removeHandler(h)
+        own.addHandler(h)
+    root.setLevel(logging.WARNING)
+    own.setLevel(logging.INFO)
+    own.propagate = False
+    return state
+
+
+def _restore_logging(state: tuple[list[logging.Handler], int, bool]) -> None:
+    root, own = logging.getLogger(), logging.getLogger("toolkit")
+    for h in state[0]:
+        own.removeHandler(h)
+    root.handlers[:] = state[0]
+    root.setLevel(state[1])
+    own.propagate = state[2]
+    own.setLevel(logging.NOTSET)
 
 
 def note_restart(run_dir: Path, attempt: int) -> None:

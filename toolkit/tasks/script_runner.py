@@ -27,12 +27,15 @@ def main(argv: list[str]) -> int:
 
     install_stack_dump(run_dir, rank)
     try:
-        return _run(run_dir, rank, kind, target, args)
+        return run_script(run_dir, rank, kind, target, args)
     finally:
         remove_stack_dump()  # the stack file, unless a dump wrote to it (docs/fault.md)
 
 
-def _run(run_dir: Path, rank: int, kind: str, target: str, args: list[str]) -> int:
+def run_script(run_dir: Path, rank: int, kind: str, target: str, args: list[str]) -> int:
+    """Run the script (`--path FILE` or `--module NAME`) as `__main__`: 0, 1 after a
+    failure (its traceback kept for the launcher), or SystemExit with its own status. The
+    rank's wrapper calls it in its own process (toolkit.tasks.script.run_here)."""
     try:
         if kind == "--module":
             sys.argv = [target, *args]

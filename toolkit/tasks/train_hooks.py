@@ -1,8 +1,8 @@
 """What a training rank reports to and what hooks into its loop: the sinks (metrics file,
-console, node telemetry, trackers), the hang watchdog's settings, and the hooks
-(checkpointing with preemption and requeue, bad nodes and stragglers, the user's callbacks,
-profiler windows), each built from its own part of the job config. `task=train` (and the
-script task, for the watchdog) call these; toolkit.tasks.train wires them to the Trainer."""
+console, node telemetry, trackers), the hang watchdog's settings (toolkit.tasks.watchdog,
+which the script task imports alone), and the hooks (checkpointing with preemption and
+requeue, bad nodes and stragglers, the user's callbacks, profiler windows), each built from
+its own part of the job config. toolkit.tasks.train wires them to the Trainer."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from toolkit.config.job import JobConfig
 from toolkit.distributed.env import DistEnv, restart_count
 from toolkit.events import JsonlSink, Sink
 from toolkit.hooks import Hook
+from toolkit.tasks.watchdog import watchdog_spec
 from toolkit.telemetry.heartbeat import Heartbeat
 from toolkit.telemetry.profiler import ProfileHook, profiling_configured
 from toolkit.telemetry.sink import StopWhenAgentLost, TelemetrySink, build_telemetry_sinks
-from toolkit.telemetry.spec import WatchdogSpec
 from toolkit.train.console import ConsoleSink
 from toolkit.train.models.registry import spec_for
 from toolkit.train.targets import build_callbacks
@@ -58,29 +58,6 @@ def tracking_sinks(job: JobConfig, env: DistEnv, run_dir: Path) -> list[Sink]:
     unit = spec_for(job.model).unit  # a samples model's trackers get samples/s, no tokens/s
     return build_tracking_sinks(
         job.tracking, env.is_rank0, run_dir, job_to_dict(job), series, unit=unit
-    )
-
-
-def watchdog_spec(job: JobConfig, env: DistEnv) -> WatchdogSpec | None:
-    """The node agent's hang watchdog settings (None: fault.hang_watchdog=false)."""
-    if not job.fault.hang_watchdog:
-        return None
-    from toolkit.executors import after_hang
-    from toolkit.executors.preemption import slurm_job_id
-    from toolkit.executors.requeue import RequeuePolicy
-
-    policy = RequeuePolicy.of(job)  # crosses to the after-hang action field by field
-    return WatchdogSpec(
-        timeout_s=job.fault.hang_timeout_s,
-        startup_timeout_s=job.fault.hang_startup_timeout_s,
-        requeue=job.checkpoint.enabled and policy.requeue,
-        max_restarts=policy.max_restarts,
-        slurm_job_id=slurm_job_id(env.source),
-        nodes=policy.shape.nodes,
-        exclude=policy.shape.exclude,
-        partition=policy.shape.partition,
-        exclude_nodes=policy.shape.enabled,
-        after_hang_module=after_hang.__name__,
     )
 
 
