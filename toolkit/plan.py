@@ -1,4 +1,4 @@
-"""`python -m toolkit.plan [--top K] [--cost PRICES.yaml --tokens N] [--check K] [OVERRIDE ...]`:
+"""`python -m toolkit.plan [--top K] [--cost PRICES.yaml --tokens N|--samples N] [--check K] [OVERRIDE ...]`:
 recommend a layout for a fixed global batch, and its cost.
 
 Enumerates the layouts the toolkit runs for the configured model, hardware, cluster and
@@ -14,8 +14,9 @@ run each. The memory options only change memory in the model, so they lead only 
 binds (they let a faster layout fit); on a tie the default comes first.
 
 --cost PRICES.yaml (a mapping hardware preset -> price per device-hour, written by the user;
-no price is built in) prints the time and cost to train --tokens N tokens with the best layout
-on every priced preset, the cheapest first. --check K [--spread] runs K plans locally for a
+no price is built in) prints the time and cost to train --tokens N tokens (a samples model:
+--samples N samples; default 1e9 either way) with the best layout on every priced preset, the
+cheapest first. --check K [--spread] runs K plans locally for a
 few steps through the training benchmark (toolkit.measure.plan_check) and prints predicted vs
 measured and whether the predicted order holds. The ranking itself is
 toolkit.perfmodel.planner; this module is its command line.
@@ -118,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     add_config_dir_option(parser)
     parser.add_argument("--top", type=int, default=5)
     parser.add_argument("--cost", type=Path, default=None, help="YAML: preset -> $/device-hour")
-    parser.add_argument("--tokens", type=float, default=1e9, help="tokens to train (--cost)")
+    parser.add_argument("--tokens", type=float, default=None, help="tokens to train (--cost)")
+    parser.add_argument(
+        "--samples", type=float, default=None, help="samples to train (--cost, a samples model)"
+    )
     parser.add_argument("--check", type=int, default=0, help="run the top K plans locally")
     parser.add_argument("--steps", type=int, default=5, help="measured steps per --check run")
     parser.add_argument(
@@ -188,6 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cost is not None:
         from toolkit.perfmodel.prices import read_prices
 
+        unit, wrong = ("samples", "tokens") if samples else ("tokens", "samples")
+        if getattr(args, wrong) is not None:
+            print(f"error: --{wrong}: this model counts {unit}; give --{unit} N", file=sys.stderr)
+            return 2
+        amount = getattr(args, unit) or 1e9
+
         try:
             price_table = read_prices(args.cost)
         except ValueError as exc:
@@ -203,17 +213,17 @@ def main(argv: list[str] | None = None) -> int:
             batch,
             presets,
             price_table,
-            args.tokens,
+            amount,
             planning.kernels,
             planning.optimizers,
         )
-        print(f"cost to train {args.tokens:.3g} tokens on {base.world_size} devices:")
+        print(f"cost to train {amount:.3g} {unit} on {base.world_size} devices:")
         for r in rows:
             if not r["fits"]:
                 print(f"  {r['hardware']}: no layout fits")
                 continue
             print(
-                f"  {r['hardware']}: {r['tokens_per_s']:,.0f} tokens/s, {r['hours']:,.1f} h, "
+                f"  {r['hardware']}: {r[f'{unit}_per_s']:,.0f} {unit}/s, {r['hours']:,.1f} h, "
                 f"{r['device_hours']:,.0f} device-h, cost {r['cost']:,.0f} "
                 f"({' '.join(r['overrides'])})"  # type: ignore[arg-type]
             )

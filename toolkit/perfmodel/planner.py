@@ -311,12 +311,16 @@ def cost_rows(
     global_batch: int,
     presets: dict[str, HardwareConfig],
     prices: dict[str, float],
-    tokens: float,
+    amount: float,
     kernels: tuple[str, ...] | None = None,
     optimizers: tuple[str, ...] | None = None,
 ) -> list[dict[str, object]]:
-    """Per priced preset: the best layout's tokens/s, hours and cost for `tokens`; cheapest
-    first, presets where nothing fits last."""
+    """Per priced preset: the best layout's rate, hours and cost to train `amount` in the
+    model's unit (tokens for a token model, samples for a samples model; the row's "unit"
+    says which, its "tokens_per_s" or "samples_per_s" the rate); cheapest first, presets
+    where nothing fits last."""
+    from toolkit.perfmodel.count_job import predicted_rate
+
     rows: list[dict[str, object]] = []
     for name, price in prices.items():
         plans, _ = rank_plans(model, base, presets[name], global_batch, kernels, optimizers)
@@ -324,12 +328,14 @@ def cost_rows(
             rows.append({"hardware": name, "fits": False})
             continue
         best = plans[0]
-        hours = tokens / best.prediction.tokens_per_s / 3600.0
+        unit, rate = predicted_rate(best.prediction, model, base.seq_len)
+        hours = amount / rate / 3600.0
         rows.append(
             {
                 "hardware": name,
                 "fits": True,
-                "tokens_per_s": best.prediction.tokens_per_s,
+                "unit": unit,
+                f"{unit}_per_s": rate,
                 "hours": hours,
                 "device_hours": hours * base.world_size,
                 "cost": hours * base.world_size * price,

@@ -56,8 +56,8 @@ def units_for(name: str) -> str:
     """Units of a StepRecord field, from its name (the naming rule of STYLE.md)."""
     if name == "wall_time":
         return "s since epoch"
-    if name == "tokens_per_s":
-        return "tokens/s"
+    if name.endswith("_per_s"):  # a rate: tokens_per_s -> tokens/s, samples_per_s -> samples/s
+        return name.removesuffix("_per_s") + "/s"
     if name.endswith("_s"):
         return "s"
     if name.endswith("_bytes"):
