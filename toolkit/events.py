@@ -185,6 +185,26 @@ def event_from_line(line: dict[str, Any]) -> Event:
     return Event(**{k: v for k, v in line.items() if k in EVENT_FIELDS})
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records of a metrics or events JSON-lines file that a reader can use: objects
+    with a whole step; a line cut by a crash or of another shape is passed over. [] when
+    the file is absent."""
+    out = []
+    try:
+        f = open(path, errors="replace")  # noqa: SIM115 - closed below
+    except OSError:
+        return []
+    with f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                out.append(record)
+    return out
+
+
 def read_steps(path: Path) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tests.test_session import launched  # noqa: F401 - the fixture: a script's rank 1
 from toolkit import session
 from toolkit.events import StepRecord
 from toolkit.tracking.base import Params, TrackerSink
@@ -36,18 +37,9 @@ def test_a_records_own_series_reach_tensorboard(tmp_path):
     assert "train/attempt" not in tb.Tags()["scalars"]  # the attempt is no series
 
 
-def test_session_log_keeps_your_names_as_the_records_series(tmp_path, monkeypatch):
-    spec = session.SessionSpec(
-        run_dir=str(tmp_path), rank=1, attempt=0, checkpoint_dir=str(tmp_path / "ckpt"),
-        beat_path=str(tmp_path / "beat"),
-    )  # fmt: skip
-    monkeypatch.setenv(session.ENV, spec.to_env())
-    monkeypatch.setattr(session, "_session", None)
-    try:
-        session.log(1, loss=0.5, ic=0.25)
-    finally:
-        monkeypatch.setattr(session, "_session", None)
-    (line,) = [json.loads(x) for x in (tmp_path / "metrics" / "rank1.jsonl").open()]
+def test_session_log_keeps_your_names_as_the_records_series(launched):  # noqa: F811
+    session.log(1, loss=0.5, ic=0.25)
+    (line,) = [json.loads(x) for x in launched.open()]
     assert line["ic"] == 0.25 and line["attempt"] == 0 and "metrics" not in line
 
 

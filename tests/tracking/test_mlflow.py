@@ -109,6 +109,8 @@ def test_a_server_down_at_the_end_is_caught_up_by_track_sync(
     record = tracked(run_dir)
     assert record["dropped"] == 0 and record["spooled"] > 0 and record["unfinished"]
     assert "logging failed" in record["error"]
+    listed = json.loads(toolkit(tmp_path, "runs", str(run_dir), "--json").stdout)[0]
+    assert "its run not ended: toolkit track sync" in listed["trackers"]["mlflow"]
     spool = run_dir / "tracking" / "spool-mlflow.jsonl"
     assert spool.stat().st_mode & 0o777 == 0o600
     stderr = (run_dir / "logs" / "rank0.err").read_text()

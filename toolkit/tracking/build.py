@@ -216,4 +216,10 @@ def tracker_links(run_dir: Path) -> dict[str, str]:
             links[name] = f"not started ({record.get('error')})"
         if record.get("dropped"):
             links[name] += f" ({record['dropped']} record(s) dropped)"
+        if record.get("spooled") or record.get("unfinished"):
+            ended = ", its run not ended" if record.get("unfinished") else ""
+            links[name] += (
+                f" ({record.get('spooled') or 0} record(s) waiting{ended}: "
+                f"toolkit track sync {run_dir} --tracker {name})"
+            )
     return links

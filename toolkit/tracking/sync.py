@@ -20,6 +20,7 @@ from toolkit.events import (
     StepRecord,
     event_from_line,
     last_attempt,
+    read_records,
     step_from_line,
 )
 from toolkit.files import write_private
@@ -49,10 +50,10 @@ def sync_run(run_dir: Path, name: str) -> Synced:
     tracker.open(params)
     spool = Spool(spool_path(run_dir, name), max(1, cfg.spool_max_records))
     spooled, _unfinished = spool.read()
-    steps = _records(last_attempt(_lines(run_dir / "metrics" / "rank0.jsonl")))
+    steps = _records(last_attempt(read_records(run_dir / "metrics" / "rank0.jsonl")))
     missing = missing_steps(tracker, [s.step for s in steps])
     records = [s for s in steps if s.step in missing]
-    events = [event_from_line(e) for e in _lines(run_dir / "metrics" / "events-rank0.jsonl")]
+    events = [event_from_line(e) for e in read_records(run_dir / "metrics" / "events-rank0.jsonl")]
     wanted = {_key(e) for e in events if e.step in missing}
     wanted |= {_key(e) for e in spooled if isinstance(e, Event)}
     known = {_key(e) for e in events}
@@ -90,20 +91,6 @@ def _records(lines: list[dict]) -> list[StepRecord]:
 
 def _key(event: Event) -> tuple[str, int, float]:
     return (event.name, event.step, event.start)
-
-
-def _lines(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line cut by a crash
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            out.append(record)
-    return out
 
 
 def _note(run_dir: Path, name: str, where: dict) -> None:

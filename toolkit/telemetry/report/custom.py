@@ -6,14 +6,13 @@ from the run dir; at most MAX_SERIES of them."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from toolkit.events import STEP_FIELDS, last_attempt
+from toolkit.events import STEP_FIELDS, last_attempt, read_records
 from toolkit.telemetry.report.figures import binned, figure
 from toolkit.telemetry.schema import EVAL
 
@@ -24,19 +23,8 @@ STANDARD_EVAL = ("val_loss",)  # drawn with the training loss already
 def custom_series(run_dir: Path, events: list[dict[str, Any]]) -> dict[str, list[tuple]]:
     """name -> [(step, value)]: each numeric name of rank 0's step records that is no field
     of a StepRecord, then each eval metric as eval/<name>."""
-    rows = []
-    path = run_dir / "metrics" / "rank0.jsonl"
-    if path.is_file():
-        with open(path, errors="replace") as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by a crash
-                if isinstance(record, dict) and isinstance(record.get("step"), int):
-                    rows.append(record)
     out: dict[str, list[tuple]] = {}
-    for record in last_attempt(rows):
+    for record in last_attempt(read_records(run_dir / "metrics" / "rank0.jsonl")):
         for name, value in record.items():
             if name not in STEP_FIELDS and _number(value):
                 out.setdefault(name, []).append((record["step"], float(value)))
