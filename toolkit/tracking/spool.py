@@ -28,7 +28,8 @@ class Spool:
     def __init__(self, path: Path, max_records: int):
         self.path = path
         self.max_records = max_records
-        self.count = sum(1 for _ in self._lines())  # what an earlier attempt left
+        # What an earlier attempt left (records: its note of an unended run is none).
+        self.count = sum('"kind": "finish"' not in line for line in self._lines())
 
     def add(self, items: list[StepRecord | Event]) -> int:
         """Append `items` (as many as the bound allows); returns how many were dropped."""
