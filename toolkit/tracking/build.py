@@ -11,6 +11,7 @@ from typing import Any
 
 from toolkit.config.tracking import TrackingConfig
 from toolkit.events import Event, Fanout, Sink
+from toolkit.files import write_private
 from toolkit.redact import redact, redact_text
 from toolkit.tracking.base import Params, Tracker, TrackerSink
 from toolkit.tracking.spool import Spool, spool_path
@@ -46,9 +47,7 @@ class Trackers(Fanout):
         for s in self.trackers:  # stop them all first, then wait: the timeouts run side by side
             s.request_stop()
         records = {s.tracker.name: s.close() for s in self.trackers}
-        path = self.run_dir / TRACKERS_FILE
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.write_text(json.dumps(redact(records), indent=2))
+        write_private(self.run_dir / TRACKERS_FILE, json.dumps(redact(records), indent=2))
 
 
 def build_tracking_sinks(
