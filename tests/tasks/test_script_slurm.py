@@ -7,6 +7,7 @@ error; one whose rank there hangs is named, dumped and ends the job with exit 79
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 
 from tests.executors.slurm_jobs import losses, wait_for
 from tests.executors.test_node_exclusion import attempts
+from toolkit.cli.rundir import read_run
 from toolkit.errors import EXIT_HANG
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -77,6 +79,10 @@ def test_usr2_saves_requeues_and_resumes_with_the_uninterrupted_losses(
     assert f"resumed at step {saved} (attempt 1)" in out
     assert saved < STEPS
     assert losses(run_dir) == losses(uninterrupted)
+    # The requeue is a restart for `status` (the rank-0 wrapper's restart event).
+    events = (run_dir / "metrics" / "events-rank0.jsonl").read_text().splitlines()
+    assert [json.loads(e)["attempt"] for e in events if '"restart"' in e] == [1]
+    assert read_run(run_dir, ask_slurm=False).attempts == 2
 
 
 DDP = str(REPO / "tests" / "fixtures" / "scripts" / "ddp_train.py")

@@ -2,6 +2,7 @@
 
     python -m toolkit.bench.script_launch [--reps 5] [--steps 200]            # 2 local ranks
     python -m toolkit.bench.script_launch --slurm [--reps 3] [--steps 100]    # 2 Slurm nodes
+    python -m toolkit.bench.script_launch --against DIR    # + D: B from an earlier checkout
 
 Three variants run the same DDP script (tests/fixtures/scripts/ddp_train.py, gloo), one
 untimed warm-up first, then interleaved per repetition with the order rotated each time so
@@ -118,9 +119,14 @@ def output_of(run_dir: Path, stdout: str) -> str:
     return stdout + "".join(p.read_text() for p in files)
 
 
-def timed(cmd: list[str], run_dir: Path, steps: int) -> tuple[float, float]:
+def timed(
+    cmd: list[str], run_dir: Path, steps: int, tree: Path | None = None
+) -> tuple[float, float]:
+    """Run `cmd` (from the checkout `tree`, this one by default) and read its figures."""
+    tree = tree or repo_root()
+    env = dict(ENV, PYTHONPATH=str(tree))
     started = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=repo_root(), env=ENV)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=tree, env=env)
     if done.returncode != 0:
         raise RuntimeError(
             f"{' '.join(cmd[:4])}... exited {done.returncode}: {done.stderr[-2000:]}"
@@ -135,17 +141,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--slurm", action="store_true", help="2 nodes of the Slurm cluster SLURM_CONF names"
     )
+    parser.add_argument(
+        "--against",
+        type=Path,
+        help="a checkout of an earlier commit (git archive REV | tar -x -C DIR): its B, "
+        "interleaved with the others as D, for a before/after figure in one run",
+    )
     args = parser.parse_args(argv)
-    variants = ON_SLURM if args.slurm else LOCAL
+    variants = dict(ON_SLURM if args.slurm else LOCAL)
+    trees: dict[str, Path] = {}
+    if args.against is not None:
+        variants["D toolkit at --against"] = variants["B toolkit"]
+        trees["D toolkit at --against"] = args.against.resolve()
     names = list(variants)
     work = Path(tempfile.mkdtemp(prefix="script-launch-"))
     timed(variants[names[0]](args.steps, work / "warmup"), work / "warmup", args.steps)
     first: dict[str, list[float]] = {name: [] for name in names}
     step: dict[str, list[float]] = {name: [] for name in names}
+    n = len(names)
     for rep in range(args.reps):
-        for name in names[rep % 3 :] + names[: rep % 3]:  # the order rotated each repetition
+        for name in names[rep % n :] + names[: rep % n]:  # the order rotated each repetition
             run_dir = work / f"rep{rep}-{name[0]}"
-            f, s = timed(variants[name](args.steps, run_dir), run_dir, args.steps)
+            cmd = variants[name](args.steps, run_dir)
+            f, s = timed(cmd, run_dir, args.steps, trees.get(name))
             first[name].append(f)
             step[name].append(s)
             print(f"rep {rep} {name:22s} first step {f:6.2f} s, step {s * 1e3:7.3f} ms", flush=True)
@@ -159,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  {n:22s} first step {med_first[n]:6.2f} s   step {med_step[n] * 1e3:7.3f} ms"
             f" (reps {spread})"
         )
-    a, b, c = names
-    print(f"  launch-to-first-step ratio B/A: {med_first[b] / med_first[a]:.2f}")
-    print(f"  launch-to-first-step ratio C/A: {med_first[c] / med_first[a]:.2f}")
+    a, b, c = names[:3]
+    for other in names[1:]:
+        print(f"  launch-to-first-step ratio {other[0]}/A: {med_first[other] / med_first[a]:.2f}")
     print(f"  step time ratio B/C (agent on / off): {med_step[b] / med_step[c]:.3f}")
     return 0
 
