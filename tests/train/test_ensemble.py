@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -199,3 +200,59 @@ def test_a_resumed_ensemble_repeats_every_member_and_keeps_the_dropped_one_out(e
         assert resumed == {s: member_losses(ensemble / "members" / name)[s] for s in resumed}
     wild = json.loads((tmp_path / "resumed" / "members" / "wild" / "summary.json").read_text())
     assert wild["dropped_at_step"] is not None
+
+
+@pytest.mark.slow
+def test_the_report_shows_each_members_loss_curve_and_row(ensemble, tmp_path):
+    """`toolkit report` on an ensemble: a table of the members (name, seed, lr, final and
+    validation loss, the step a dropped one dropped at) in the text, JSON and HTML report,
+    and one plot with a line per member, a dropped member's ending at a cross."""
+    from rich.console import Console
+
+    from toolkit.config.telemetry import ReportConfig
+    from toolkit.telemetry.report.build import build_report
+    from toolkit.telemetry.report.members import losses, read_members
+    from toolkit.telemetry.report.tables import print_report
+
+    report = build_report(ensemble, tmp_path / "report", ReportConfig(sacct=False))
+    dropped = json.loads((ensemble / "members" / "wild" / "summary.json").read_text())
+    by_name = {m["name"]: m for m in report.members}
+    assert list(by_name) == ["m0", "m1", "wild", "m3"]  # in member order
+    assert [(m["seed"], m["lr"]) for m in report.members] == [(m["seed"], m["lr"]) for m in MEMBERS]
+    assert by_name["wild"]["dropped_at_step"] == dropped["dropped_at_step"]
+    for name in HEALTHY:
+        summary = json.loads((ensemble / "members" / name / "summary.json").read_text())
+        assert by_name[name]["final_loss"] == summary["final_loss"]
+        assert by_name[name]["val_loss"] == summary["val_loss"]
+        assert by_name[name]["dropped_at_step"] is None and by_name[name]["steps"] == STEPS
+        curve = losses(ensemble / "members" / name)  # what its line is drawn from
+        assert dict(curve) == member_losses(ensemble / "members" / name)
+    assert [s for s, _ in losses(ensemble / "members" / "wild")] == list(
+        range(1, dropped["dropped_at_step"])
+    )
+
+    saved = json.loads(Path(report.outputs["json"]).read_text())
+    assert [m["name"] for m in saved["members"]] == ["m0", "m1", "wild", "m3"]
+    png = Path(report.outputs["members_loss_png"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    page = Path(report.outputs["html"]).read_text()
+    assert "<h2 id=members>Ensemble members</h2>" in page
+    assert '<img alt="Loss per ensemble member"' in page
+    assert "<td>wild</td><td>7</td><td>1e+30</td>" in page
+    console = Console(width=200, record=True)
+    print_report(report, console)
+    text = console.export_text()
+    assert "Ensemble members" in text
+    (wild_row,) = [line for line in text.splitlines() if " wild " in line]
+    assert wild_row.split("│")[1:-1][-1].strip() == str(dropped["dropped_at_step"])
+
+    # Values of the wrong type in a member's files are shown as absent, never an error.
+    damaged = tmp_path / "damaged"
+    shutil.copytree(ensemble / "members", damaged / "members")
+    (damaged / "members" / "m0" / "summary.json").write_text('{"final_loss": [1], "seed": "x"}')
+    assert read_members(damaged)[0] | {"folder": None} == {
+        **by_name["m0"],
+        "final_loss": None,
+        "val_loss": None,
+        "folder": None,
+    }

@@ -12,7 +12,7 @@ import numpy as np
 from toolkit.config.telemetry import ReportConfig
 from toolkit.runmodel import run_unit
 from toolkit.telemetry.read import RunData, load_run, node_files
-from toolkit.telemetry.report import analysis, export, model
+from toolkit.telemetry.report import analysis, export, members, model
 from toolkit.telemetry.report.analysis import Attribution
 from toolkit.telemetry.report.gpustats import GpuStats, gpu_stats
 from toolkit.telemetry.report.record import Report
@@ -145,6 +145,7 @@ def analyse(
         report.verdict.unmeasured_why = unmeasured_why(report.absent)
     report.layout = read_layout(run.run_dir)
     report.unit = run_unit(run.run_dir)  # RUN/model.json: tokens/s or samples/s
+    report.members = members.read_members(run.run_dir)  # an ensemble's: RUN/members/<name>/
     report.profiles = [str(p) for p in export.profile_files(run.run_dir)]
     return report, series
 
@@ -218,6 +219,7 @@ def build_report(run_dir: Path, out_dir: Path | None, cfg: ReportConfig) -> Repo
         images: dict[str, Path] = {}
         if cfg.plots:
             images = plots.write_plots(run, series, report, out, cfg.max_plot_points)
+            images.update(members.member_plots(report.members, out, cfg.max_plot_points))
             report.outputs.update({k: str(v) for k, v in images.items()})
             made = custom_curves(Path(run_dir), report.events, out, cfg.max_plot_points)
             report.custom_series = {name: str(path) for name, path in made}

@@ -104,6 +104,12 @@ def write_html(report: Report, images: dict[str, Path], path: Path) -> Path:
         parts.append("<h2 id=custom_series>Your series</h2>")
         for name, png in report.custom_series.items():
             parts.append(f"<h3>{html.escape(name)}</h3>" + _image(Path(png), name))
+    if report.members:  # an ensemble's (trainer.ensemble=K): one row per member
+        from toolkit.telemetry.report.members import HEADER, PLOT_KEY, PLOT_TITLE, rows
+
+        parts.append("<h2 id=members>Ensemble members</h2>" + _table(HEADER, rows(report.members)))
+        if PLOT_KEY in images:
+            parts.append(_image(images[PLOT_KEY], PLOT_TITLE))
     parts.append(
         "<h2>Ranks</h2>"
         + _table(tables.header(tables.rank_columns(report)), tables.rank_rows(report))

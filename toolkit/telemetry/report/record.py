@@ -36,6 +36,7 @@ class Report:
     unit: str = "tokens"  # the model's throughput unit (RUN/model.json): tokens | samples
     model: dict[str, Any] | None = None  # RUN/model.json as the run recorded it (None: none)
     custom_series: dict[str, str] = field(default_factory=dict)  # your series -> its plot
+    members: list[dict[str, Any]] = field(default_factory=list)  # an ensemble's (members.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,4 +61,5 @@ class Report:
             "unit": self.unit,
             "model": self.model,
             "custom_series": self.custom_series,
+            "members": self.members,
         }

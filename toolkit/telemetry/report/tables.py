@@ -185,7 +185,7 @@ def print_report(report: Report, console: Any = None, max_rank_rows: int = 64) -
             table.add_column(
                 h,
                 justify="left"
-                if h in ("node", "who", "explanation", "kind", "category")
+                if h in ("node", "who", "explanation", "kind", "category", "member")
                 else "right",
             )
         for row in rows:
@@ -227,6 +227,10 @@ def print_report(report: Report, console: Any = None, max_rank_rows: int = 64) -
     else:
         console.print("Idle gaps: none found")
     show("Where the time went (all ranks)", ATTRIBUTION_HEADER, attribution_rows(report))
+    if report.members:  # an ensemble's (trainer.ensemble=K)
+        from toolkit.telemetry.report import members
+
+        show("Ensemble members", members.HEADER, members.rows(report.members))
     for group, why in report.absent.items():
         console.print(f"[dim]{group}: absent: {why}[/dim]")
     for path, why in report.skipped:
