@@ -186,7 +186,7 @@ def pack_sweep(
         names.append(run_dir.name)
         for run, member in zip(p.runs, p.members, strict=True):
             out.pointers[runs[run.index].run_dir / pack.POINTER] = pack.pointer(
-                run.overrides, run_dir, member["name"]
+                run.overrides, run_dir, member["name"], p.data_seed, p.equals(run)
             )
     out.table = pack.pack_table(packs, names)
     return out

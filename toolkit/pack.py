@@ -9,6 +9,13 @@ else goes to another pack; a run that cannot be a member (another task, your own
 an ensemble already) stays a run of its own. Every decision carries its reason, so the
 launcher can say which run went where and why (`pack_table`).
 
+Data order: every member of a pack sees the same batches, those of the pack's data.seed.
+A sweep that leaves data.seed unset gets it set to the first packed run's seed when the
+pack's seeds differ (`Pack.data_seed`), so member r<i> equals the plain run of its own
+settings plus `data.seed=<that seed>` (`Pack.equals`; losses to 1e-5 relative,
+docs/ensembles.md). Runs whose data.seed differs are never packed together (a different
+data order: `apart_reason` says so).
+
 Nothing here composes, writes or imports the runtime: toolkit.launch feeds it each run's
 resolved config as plain data.
 """
@@ -27,6 +34,9 @@ from toolkit.redact import redact
 MEMBER_PREFIX = "r"  # member names r00, r01, ...: the run's index in the sweep
 LEFT_OUT = ("run_dir",)  # differs for every run of a sweep by construction
 MAX_DIFFERENCES_SHOWN = 3
+DATA_SEED = "data.seed"  # the data order every member of a pack shares
+WHY = {DATA_SEED: "data.seed (another data order)"}  # why a difference splits packs
+NOT_A_SETTING = ("launch.pack=", "hydra.")  # overrides that say nothing of what is trained
 
 
 @dataclass(frozen=True)
@@ -49,6 +59,9 @@ class Pack:
     runs: list[SweepRun]
     members: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
+    data_seed: int | None = None  # a packed pack's data order (data.seed or the seed)
+    sets_data_seed: bool = False  # the packer sets data.seed (the sweep left it unset)
+    data_seed_given: bool = False  # the sweep's runs set data.seed (equal in a pack)
 
     @property
     def packed(self) -> bool:
@@ -62,7 +75,17 @@ class Pack:
             "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in m.items()) + "}"
             for m in self.members
         )
-        return [f"trainer.ensemble={len(self.members)}", f"trainer.members=[{members}]"]
+        added = [f"trainer.ensemble={len(self.members)}", f"trainer.members=[{members}]"]
+        if self.sets_data_seed:  # ++: a `_target_` dataset node has no data.seed key yet
+            added.append(f"++{DATA_SEED}={self.data_seed}")
+        return added
+
+    def equals(self, run: SweepRun) -> str:
+        """The plain run a packed run's member equals: its own settings (redacted) with the
+        pack's data order, e.g. 'optim.lr=0.01 seed=2 data.seed=1'."""
+        own = [o for o in redact(run.overrides) if not o.startswith(NOT_A_SETTING)]
+        given = any(o.lstrip("+").startswith(f"{DATA_SEED}=") for o in own)
+        return " ".join(own if given else [*own, f"{DATA_SEED}={self.data_seed}"])
 
 
 def value_at(config: dict[str, Any], dotted: str) -> Any:
@@ -168,12 +191,28 @@ def group(runs: list[SweepRun], packable: dict[str, str]) -> list[Pack]:
             by_shape[key].runs.append(run)
     count = len(runs)
     first = packs[0].runs[0].config if packs else {}
+    seed_key = next(k for k, m in packable.items() if m == "seed")
     for i, pack in enumerate(packs):
         if len(pack.runs) > 1:
             pack.members = members_of(pack.runs, packable, count)
+            set_data_order(pack, seed_key)
         if i and not pack.reason:
             pack.reason = apart_reason(first, pack.runs[0].config, packable)
     return packs
+
+
+def set_data_order(pack: Pack, seed_key: str) -> None:
+    """The pack's data order: its data.seed (equal within a pack: it is part of the
+    shape), else the first run's seed, set as data.seed when the members' seeds differ."""
+    first = pack.runs[0].config
+    try:
+        given = value_at(first, DATA_SEED)
+    except KeyError:  # a config from before data.seed: the seed orders the data
+        given = None
+    pack.data_seed = int(value_at(first, seed_key)) if given is None else int(given)
+    seeds = {json.dumps(value_at(run.config, seed_key)) for run in pack.runs}
+    pack.sets_data_seed = given is None and len(seeds) > 1
+    pack.data_seed_given = given is not None
 
 
 def apart_reason(first: dict[str, Any], other: dict[str, Any], packable: dict[str, str]) -> str:
@@ -181,7 +220,7 @@ def apart_reason(first: dict[str, Any], other: dict[str, Any], packable: dict[st
     keys = differences(
         without(first, [*packable, *LEFT_OUT]), without(other, [*packable, *LEFT_OUT])
     )
-    shown = ", ".join(keys[:MAX_DIFFERENCES_SHOWN])
+    shown = ", ".join(WHY.get(k, k) for k in keys[:MAX_DIFFERENCES_SHOWN])
     more = (
         f" and {len(keys) - MAX_DIFFERENCES_SHOWN} more"
         if len(keys) > MAX_DIFFERENCES_SHOWN
@@ -209,6 +248,9 @@ def pack_table(packs: list[Pack], pack_names: list[str]) -> list[str]:
         what = f"{len(pack.members)} members" if pack.packed else "a run of its own"
         why = f" ({pack.reason})" if pack.reason else ""
         lines.append(f"{name}: {what}{why}")
+        if pack.packed:
+            source = "data.seed" if pack.sets_data_seed or pack.data_seed_given else "seed"
+            lines.append(f"  data order: seed {pack.data_seed} ({source}) for every member")
         for run, member in zip(pack.runs, pack.members or [{}], strict=False):
             where = f"{name} member {member['name']}" if pack.packed else name
             varied = [o for o in run.overrides if o not in common]
@@ -219,13 +261,18 @@ def pack_table(packs: list[Pack], pack_names: list[str]) -> list[str]:
 POINTER = "packed.json"  # in each packed run's own dir: where its results are
 
 
-def pointer(overrides: list[str], pack_dir: Path, member: str) -> dict[str, Any]:
+def pointer(
+    overrides: list[str], pack_dir: Path, member: str, data_seed: int, equals: str
+) -> dict[str, Any]:
     """The small JSON a packed run's own dir holds: the pack's run dir, the member's name
-    and directory (PACK/members/<name>/: member.json, metrics/, summary.json) and the run's
-    overrides (redacted), so `ls SWEEP/3` finds run 3's results."""
+    and directory (PACK/members/<name>/: member.json, metrics/, summary.json), the run's
+    overrides (redacted), so `ls SWEEP/3` finds run 3's results, the data order its member
+    saw and the plain run it equals (Pack.equals)."""
     return {
         "pack_run_dir": str(pack_dir),
         "member": member,
         "member_dir": str(pack_dir / "members" / member),
         "overrides": redact(overrides),
+        "data_seed": data_seed,
+        "equals": equals,
     }

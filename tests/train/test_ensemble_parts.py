@@ -226,7 +226,9 @@ def test_trackers_get_each_members_values_under_its_name(tmp_path):
     from toolkit.train.ensemble_members import Members
 
     trainer = TrainerConfig(ensemble=2, members=[{"name": "fast", "lr": 0.01}, {}])
-    members = Members(resolve_members(trainer, 0, OptimConfig()), tmp_path / "run", rank=0)
+    members = Members(
+        resolve_members(trainer, 0, OptimConfig()), tmp_path / "run", rank=0, data_seed=0
+    )
     members.trackers = JsonlSink(tmp_path / "tracker", 0)  # what a tracker sink receives
     members.observe([0.5, 0.7], [1.0, 2.0], [False, False], step=1)
     record = StepRecord(1, 0.0, 0.1, 0.0, 0.1, 0.0, 0.6, 1.5, 0.0, 16, 160.0, 0.0, 0)

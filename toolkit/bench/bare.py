@@ -93,12 +93,18 @@ def bare_loop(
 
 
 def bare_run(job: JobConfig, env: Any, out: Path, device: torch.device) -> dict[str, Any]:
+    from toolkit.config.data import order_seed
     from toolkit.data.tokens import BatchPlan
     from toolkit.tasks.train import build_loaders
 
     t = job.trainer
     plan = BatchPlan(
-        job.seed, job.data.seq_len, t.micro_batch_size, t.grad_accum, env.world_size, env.rank
+        order_seed(job.data, job.seed),
+        job.data.seq_len,
+        t.micro_batch_size,
+        t.grad_accum,
+        env.world_size,
+        env.rank,
     )
     # The same batches as the toolkit's, from its own loader, all taken before timing.
     loader, _, _ = build_loaders(job, plan, device, out, env)

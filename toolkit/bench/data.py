@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from toolkit.config.data import order_seed
 from toolkit.config.model import display_name
 
 FEATURES = 3  # toolkit.data.synthetic.FEATURES
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     world = world_size(job.cluster)
     plan = SamplePlan(
-        job.seed,
+        order_seed(job.data, job.seed),
         job.data.seq_len,
         micro_batch_size(job.trainer, world),
         job.trainer.grad_accum,

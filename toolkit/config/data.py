@@ -23,6 +23,10 @@ class DataConfig:
     val_fraction: float = 0.05
     cache_dir: str = "~/.cache/toolkit"
     prefetch: int = 2  # steps prepared ahead per worker (num_workers > 0)
+    # The data order's seed (which samples, in which order, train and validation); None:
+    # the job's seed. A run `seed=S data.seed=D` is the ensemble member of seed S whose
+    # pack's data order is D (docs/ensembles.md, "What a member equals").
+    seed: int | None = None
     # num_workers, pin_memory (below, with the returns settings) apply to every kind
     # --- returns only -----------------------------------------------------------------
     horizon: int = 1  # the target sums the target feature over this many steps ahead
@@ -54,6 +58,17 @@ class DataConfig:
     SYNTHETIC_FEATURES = 3  # toolkit.data.synthetic.FEATURES
 
 
+def order_seed(d: DataConfig | DatasetConfig, seed: int) -> int:
+    """The data order's seed: data.seed, or the job's `seed` when it is None."""
+    return seed if d.seed is None else d.seed
+
+
+def seed_problems(d: DataConfig | DatasetConfig) -> list[str]:
+    if d.seed is not None and d.seed < 0:
+        return [f"data.seed={d.seed}: must be >= 0 (or null for the job's seed)"]
+    return []
+
+
 def effective_embargo(d: DataConfig) -> int:
     return d.horizon if d.embargo is None else d.embargo
 
@@ -70,6 +85,9 @@ class DatasetConfig(TargetConfig):
     prefetch: int = 2  # steps prepared ahead (per worker with num_workers > 0)
     pin_memory: bool = True  # page-locked batches and non-blocking copies (GPU only)
     shuffle: bool = True  # map-style: each epoch in its own order, seeded by (seed, epoch)
+    # The data order's seed; None: the job's seed. The toolkit's key: not passed to your
+    # Dataset (docs/ensembles.md, "What a member equals").
+    seed: int | None = None
     drop_last: bool = False  # map-style: drop an epoch's last partial global batch
     val: Any = None  # a validation Dataset node ({_target_: ..., kwargs}), or None
     val_fraction: float = 0.0  # map-style, no `val`: the last fraction of items validates
@@ -92,7 +110,7 @@ def placement_problems(d: DataConfig | DatasetConfig) -> list[str]:
 
 
 def dataset_problems(d: DatasetConfig, model: ModelConfig) -> list[str]:
-    p = target_problems("data", d) + placement_problems(d)
+    p = target_problems("data", d) + placement_problems(d) + seed_problems(d)
     p += below_minimum("data", d, {"seq_len": 1, "num_workers": 0, "prefetch": 1})
     if d.collate_fn is not None and not IMPORT_PATH.fullmatch(d.collate_fn):
         p.append(f"data.collate_fn={d.collate_fn!r}: not an import path; use module.attribute")
@@ -114,7 +132,7 @@ def problems(d: DataConfig | DatasetConfig, model: ModelConfig) -> list[str]:
     """Problems with the data group and its fit to the model it feeds, one line each."""
     if isinstance(d, DatasetConfig):  # your own Dataset: its shape is the model's to check
         return dataset_problems(d, model)
-    p = []
+    p = seed_problems(d)
     limit = max_seq_len(model)
     if limit and d.seq_len > limit:
         p.append(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from toolkit.config.data import DatasetConfig
+from toolkit.config.data import DatasetConfig, order_seed
 from toolkit.config.job import JobConfig
 from toolkit.config.model import TransformerConfig, series_shape, vocab_size
 from toolkit.config.parallel import MeshShape, mesh_shape, pipeline_stages
@@ -218,6 +218,20 @@ def build_model(
     return model, pipe
 
 
+def batch_plan(job: JobConfig, shape: MeshShape, rank: int) -> BatchPlan:
+    """Which samples rank `rank` reads at each step. Batches are split over the data-parallel
+    ranks (tp and pp peers read the same slice); their order, training and validation, is
+    data.seed's, or the job's seed when data.seed is unset."""
+    return BatchPlan(
+        seed=order_seed(job.data, job.seed),
+        seq_len=job.data.seq_len,
+        micro_batch_size=micro_batch_size(job.trainer, shape.dp),
+        grad_accum=job.trainer.grad_accum,
+        world_size=shape.dp,
+        rank=shape.dp_rank(rank),
+    )
+
+
 def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.device) -> Trainer:
     shape = mesh_shape(job.parallel, dist.get_world_size())
     if isinstance(shape, str):  # the launcher validated it; a hand-built job may not be
@@ -241,6 +255,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
             run_dir,
             env.rank,
             getattr(torch, job.precision.param_dtype),  # validated: float32|bfloat16|float16
+            data_seed=order_seed(job.data, job.seed),
         )
         model, pipe = ensemble.stack.model, None
         record_layout(shape, device, run_dir / "mesh.json")
@@ -248,15 +263,7 @@ def build_trainer(job: JobConfig, env: DistEnv, run_dir: Path, device: torch.dev
         model, pipe = build_model(job, env, run_dir, device, shape, spec, member)
 
     write_shard_info(model, run_dir / "metrics" / f"rank{env.rank}-model.json")
-    # Batches are split over the data-parallel ranks; tp and pp peers read the same slice.
-    plan = BatchPlan(
-        seed=job.seed,
-        seq_len=job.data.seq_len,
-        micro_batch_size=micro_batch_size(job.trainer, shape.dp),
-        grad_accum=job.trainer.grad_accum,
-        world_size=shape.dp,
-        rank=shape.dp_rank(env.rank),
-    )
+    plan = batch_plan(job, shape, env.rank)
     loader, val_loader, eval_metric = build_loaders(job, plan, device, run_dir, env)
 
     if ensemble is not None:

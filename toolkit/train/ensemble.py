@@ -8,12 +8,13 @@ by taking its slice (toolkit.train.ensemble_io). A step runs the spec's loss of 
 member at once: torch.func.vmap over the stacked tensors, functional_call of one stateless
 copy of the model (randomness="different": each member draws its own dropout masks).
 
-Data order: every member sees the same batches, those of the job's seed. A member's seed
-sets its initialisation (and its dropout draws under vmap). The separate run a member
-equals is the run with the member's seed as the model seed and the job's data order, its
-learning rate, weight decay and warm-up; losses agree to float reordering (vmap batches
-the members' matmuls: docs/ensembles.md states the tolerance the tests hold). Dropout
-masks are not a separate run's bitwise: under vmap they come from one generator.
+Data order: every member sees the same batches, those of data.seed (None: the job's
+seed). A member's seed sets its initialisation (and its dropout draws under vmap). The
+separate run a member equals is the plain run `seed=<member seed> data.seed=<the
+ensemble's data order>` with its learning rate, weight decay and warm-up; losses agree to
+1e-5 relative (float reordering: vmap batches the members' matmuls; docs/ensembles.md,
+"What a member equals"). Dropout masks are not a separate run's bitwise: under vmap they
+come from one generator.
 
 Data parallelism: every rank holds all K members; after backward the stacked gradients are
 averaged over the ranks with one all-reduce (DDP's way; FSDP2 is not used for an ensemble),
@@ -86,8 +87,9 @@ def resolve_members(t: TrainerConfig, seed: int, optim: OptimConfig) -> list[Mem
 
 def solo_member(t: TrainerConfig, seed: int, optim: OptimConfig) -> Member | None:
     """trainer.ensemble=1 with one trainer.members entry: the run of that member alone (the
-    plain path: its seed for the model, the job's seed for the data order, its optimizer
-    settings), which is what a member of an ensemble equals. None otherwise."""
+    plain path: its seed for the model, data.seed or the job's seed for the data order, its
+    optimizer settings). The same run as `seed=<its seed> data.seed=<the job's>` with its
+    settings, the reference docs/ensembles.md names. None otherwise."""
     if t.ensemble != 1 or not t.members:
         return None
     return resolve_members(t, seed, optim)[0]

@@ -1,7 +1,8 @@
 """An ensemble's members as runs of their own: which are alive, each one's losses and
 records, and its files in the run dir (docs/ensembles.md):
 
-    RUN/members/<name>/member.json        its name, index, seed and settings
+    RUN/members/<name>/member.json        its name, index, seed and settings, and the
+                                          data order's seed (data_seed) every member saw
     RUN/members/<name>/metrics/rank<k>.jsonl  its StepRecords (the run's schema)
     RUN/members/<name>/summary.json       its summary (the run's schema, plus member fields)
 
@@ -40,7 +41,7 @@ class Members:
     """The members' state in one rank: alive mask, dropped steps, last values, and their
     metrics files (every rank writes its own, as the run's JsonlSink does)."""
 
-    def __init__(self, members: list[Member], run_dir: Path, rank: int):
+    def __init__(self, members: list[Member], run_dir: Path, rank: int, data_seed: int):
         self.members = members
         self.run_dir = run_dir
         self.rank = rank
@@ -59,7 +60,7 @@ class Members:
             for m in members:
                 write_private(
                     member_dir(run_dir, m.name) / "member.json",
-                    json.dumps(m.as_dict(), indent=2),
+                    json.dumps({**m.as_dict(), "data_seed": data_seed}, indent=2),
                 )
 
     @property

@@ -41,12 +41,14 @@ def build_ensemble(
     run_dir: Path,
     rank: int,
     compute_dtype: torch.dtype = torch.float32,
+    data_seed: int | None = None,
 ) -> EnsembleParts:
     """trainer.ensemble members of the model `build()` makes (each after its own seed),
-    computing in `compute_dtype` (precision.param_dtype; autocast when not fp32)."""
+    computing in `compute_dtype` (precision.param_dtype; autocast when not fp32), over the
+    data order of `data_seed` (data.seed, or the job's seed; recorded in member.json)."""
     members = resolve_members(trainer, seed, optim)
     stack = build_stack(build, members, loss, device)
-    bookkeeping = Members(members, run_dir, rank)
+    bookkeeping = Members(members, run_dir, rank, seed if data_seed is None else data_seed)
     alive = bookkeeping.alive
     optimizer = StackedAdamW(stack.model, optim, [m.weight_decay for m in members], alive)
     scheduler = MemberSchedule(
