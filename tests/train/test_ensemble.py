@@ -3,9 +3,9 @@
 One ensemble run of a user's model (tests/fixtures/userpkg, outside the toolkit) is shared
 by the module: 4 members on 2 gloo ranks with their own seeds, learning rates, weight
 decay and warm-up, one of them given a learning rate that makes it diverge. Each healthy
-member trains the losses of its separate run (trainer.ensemble=1 with that member's
-settings: its seed for the model, the job's seed for the data order) to within 1e-5
-relative; the diverging one is dropped while the others finish; every member is laid out,
+member trains the losses of its separate run, the plain run `seed=<member seed>
+data.seed=<the ensemble's data order>` with the member's optimizer settings (no
+trainer.members), to within 1e-5 relative; the diverging one is dropped while the others finish; every member is laid out,
 listed, resumed and exported like a run of its own."""
 
 from __future__ import annotations
@@ -62,6 +62,15 @@ HEALTHY = {"m0": 0, "m1": 1, "m3": 3}
 COMPARED = {"m1": 1, "m3": 3}
 
 
+# A member's settings as the plain run's overrides (the ensemble's data order: its seed, 0)
+PLAIN = {"seed": "seed", "lr": "optim.lr", "weight_decay": "optim.weight_decay"}
+PLAIN |= {"warmup_steps": "optim.warmup_steps"}
+
+
+def plain_run(member: dict) -> list[str]:
+    return ["data.seed=0", *(f"{PLAIN[k]}={v}" for k, v in member.items())]
+
+
 def as_override(members: list[dict]) -> str:
     items = (",".join(f"{k}:{v}" for k, v in m.items()) for m in members)
     return "+trainer.members=[" + ",".join("{" + i + "}" for i in items) + "]"
@@ -92,7 +101,7 @@ def ensemble(tmp_path_factory) -> Path:
 def test_each_member_trains_the_losses_of_its_separate_run(ensemble, tmp_path):
     for name, index in COMPARED.items():
         alone = tmp_path / name
-        done = launch(alone, as_override([MEMBERS[index]]))  # trainer.ensemble=1: plain path
+        done = launch(alone, *plain_run(MEMBERS[index]))  # seed=S data.seed=0 optim.lr=...
         assert done.returncode == 0, done.stderr[-3000:]
         got, want = member_losses(ensemble / "members" / name), member_losses(alone)
         assert sorted(got) == list(range(1, STEPS + 1))
@@ -152,6 +161,7 @@ def test_each_member_is_laid_out_and_listed_like_a_run(ensemble):
         "weight_decay": 0.0,
         "warmup_steps": 2,
         "dropout": None,
+        "data_seed": 0,  # the data order every member saw (the job's seed here)
     }
     run_summary = json.loads((ensemble / "summary.json").read_text())
     summary = json.loads((member / "summary.json").read_text())
