@@ -108,6 +108,7 @@ def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
     )
     assert "completed" in status.stdout
     assert "step        4 / -" in status.stdout  # the script decides its total, not trainer.steps
+    assert f"script      python {SESSION} --steps 4" in status.stdout  # the script, as itself
     shown = {
         name: subprocess.run(
             [os.sys.executable, "-m", "toolkit.cli.main", name, *args],

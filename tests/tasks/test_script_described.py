@@ -10,6 +10,7 @@ import json
 import math
 
 from toolkit import session
+from toolkit.cli.rundir import script_command_line
 from toolkit.config.compose import compose_raw, job_to_dict, to_job
 from toolkit.config.script import described
 from toolkit.config.tracking import TrackingConfig
@@ -42,6 +43,11 @@ def test_trackers_get_the_script_and_its_redacted_arguments_not_the_default_mode
     # The built-in task's defaults, which the script never read, are not its parameters.
     assert not [k for k in params if k.split(".")[0] in ("model", "trainer", "data", "optim")]
     assert "cluster.tasks_per_node" in params  # what does apply to a script is kept
+
+
+def test_status_shows_the_scripts_command_line_with_secrets_redacted():
+    script = {"path": "train.py", "args": ["--lr", "3e-4", "--api-key", "s3"], "module": None}
+    assert script_command_line(script) == f"python train.py --lr 3e-4 --api-key {REDACTED}"
 
 
 def test_the_report_predicts_nothing_for_a_script(tmp_path):

@@ -52,6 +52,7 @@ class RunInfo:
     overrides: list[str] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)  # what -> path
     trackers: dict[str, str] = field(default_factory=dict)  # tracker -> its run's URL or files
+    script: str | None = None  # a script run: its command line, secret values redacted
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -225,6 +226,21 @@ def last_hang(run_dir: Path, metrics_path: Path) -> dict | None:
     return summary
 
 
+def script_command_line(script: Any) -> str:
+    """A script run's command line (config.yaml's script group, as plain data), with secret
+    values redacted: what `status` shows in place of the default model's settings."""
+    from toolkit.config.script import ScriptConfig
+    from toolkit.redact import redact_text
+
+    cfg = ScriptConfig(
+        path=script.get("path"),
+        module=script.get("module"),
+        args=[str(a) for a in script.get("args") or []],
+        python=script.get("python"),
+    )
+    return redact_text(cfg.command_line())
+
+
 def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
     """Everything `toolkit status` and `toolkit runs` show about one run directory; raises
     RunDirUnreadable naming the file when one of its records is damaged."""
@@ -238,6 +254,7 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
         # Your own script decides how many steps it takes: trainer.steps is not its total.
         ran_script = bool(script.get("path") or script.get("module"))
         total_steps = None if ran_script else int(config.trainer.steps)
+        script_line = script_command_line(script) if ran_script else None
     except Exception as exc:  # noqa: BLE001 - YAML, OmegaConf and key errors alike
         raise RunDirUnreadable(
             f"{run_dir}: config.yaml or launch.yaml unreadable ({exc})"
@@ -287,6 +304,7 @@ def read_run(run_dir: Path, ask_slurm: bool = True) -> RunInfo:
     if hang is not None:
         info.state, info.stop_reason, info.exit_code = "hung", hang["message"], EXIT_HANG
     info.unit = throughput_unit(run_dir, summary, summary_path)
+    info.script = script_line
     info.files = written_files(run_dir)
     info.trackers = tracker_links(run_dir)
     return info

@@ -61,6 +61,7 @@ def format_status(info: RunInfo) -> str:
             if info.state == "dead"
             else ""
         ),
+        *([f"script      {info.script}"] if info.script else []),
         f"step        {info.steps if info.steps is not None else '-'} / {info.total_steps or '-'}",
         f"loss        {_num(info.loss, '.4f')}",
         f"throughput  {rate(info)}",
