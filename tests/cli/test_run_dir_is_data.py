@@ -140,12 +140,23 @@ def test_a_damaged_model_json_is_one_note_not_a_traceback(samples_run, tmp_path)
     )
 
 
-def test_report_started_inside_the_run_dir_imports_nothing_from_it(samples_run, tmp_path):
-    """`cd RUN && python -m toolkit.telemetry report .`: python -m puts the working
-    directory first on sys.path; the command takes it off before importing anything."""
+@pytest.mark.parametrize(
+    ("command", "printed"),
+    [
+        (["toolkit.telemetry", "report", ".", "--no-sacct", "--no-plots"], "report:"),
+        (["toolkit.perfmodel", "--run", ".", "--json"], '"unit": "samples"'),
+    ],
+)
+def test_a_command_started_inside_the_run_dir_imports_nothing_from_it(
+    samples_run, tmp_path, command, printed
+):
+    """`cd RUN && python -m toolkit.telemetry report .` (or `toolkit.perfmodel --run .`):
+    python -m puts the working directory first on sys.path; the command takes it off before
+    importing anything else. Importing the package toolkit.perfmodel (which runs before its
+    __main__) loads nothing, so numpy, omegaconf and hydra are searched for after that."""
     run = plant(samples_run, tmp_path / "root" / "run", ("os.system",) * 3)
     done = subprocess.run(
-        [sys.executable, "-m", "toolkit.telemetry", "report", ".", "--no-sacct", "--no-plots"],
+        [sys.executable, "-m", *command],
         cwd=run,
         env=isolated_env(tmp_path, PYTHONPATH=str(REPO)),
         capture_output=True,
@@ -153,25 +164,7 @@ def test_report_started_inside_the_run_dir_imports_nothing_from_it(samples_run, 
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert "report:" in done.stdout
-    untouched(tmp_path / "root")
-
-
-def test_perfmodel_started_inside_the_run_dir_imports_nothing_from_it(samples_run, tmp_path):
-    """`cd RUN && python -m toolkit.perfmodel --run .`: importing the package toolkit.perfmodel
-    (which runs before its __main__) loads nothing, so numpy, omegaconf and hydra are first
-    searched for after the working directory is off sys.path."""
-    run = plant(samples_run, tmp_path / "root" / "run", ("os.system",) * 3)
-    done = subprocess.run(
-        [sys.executable, "-m", "toolkit.perfmodel", "--run", ".", "--json"],
-        cwd=run,
-        env=isolated_env(tmp_path, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert '"unit": "samples"' in done.stdout
+    assert printed in done.stdout
     untouched(tmp_path / "root")
 
 
