@@ -30,6 +30,10 @@ BENCHES = {
     "data": ("toolkit.bench.data", "loader samples/s by format and workers vs the need"),
     "user-data": ("toolkit.bench.user_data", "the user-dataset loader vs a plain DataLoader"),
     "grad-sync": ("toolkit.bench.grad_sync", "gradient sync per micro-step: peak memory"),
+    "streams": (
+        "toolkit.bench.streams",
+        "an IterableDataset split across ranks: every n-th item vs the dataset's own shard()",
+    ),
     "ensemble": (
         "toolkit.bench.ensemble",
         "K members in one ensemble step vs K separate steps (K = 1, 8, 32)",
