@@ -195,20 +195,21 @@ def log(step: int, **metrics: float) -> None:
     series = {k: v for k, v in metrics.items() if k not in known}  # your own: train/<name>
     record = StepRecord(**{**base, **given, **fixed}, metrics=series)
     # What the script did not log is absent from its line, not 0.0 (and NaN, "not logged",
-    # for its trackers).
+    # for the node's HDF5 file and its trackers).
     kept = given.keys() | fixed.keys() | {"step_time_s"}
     line = {k: v for k, v in step_line(record).items() if k in kept or k not in known}
     unlogged = {
         k: math.nan for k, v in vars(record).items() if k in known - kept and isinstance(v, float)
     }
+    sent = dataclasses.replace(record, **unlogged)  # to the node's file and the trackers
     s.last_log = now
     s.beat(step)
     try:
         s.steps.write(json.dumps(line, default=float) + "\n")
         if s.sender is not None:
-            s.sender.send({"kind": "step", **dataclasses.asdict(record)})
+            s.sender.send({"kind": "step", **dataclasses.asdict(sent)})
         if s.trackers is not None:
-            s.trackers.write_step(dataclasses.replace(record, **unlogged))
+            s.trackers.write_step(sent)
     except Exception:  # noqa: BLE001 - a metrics failure must not stop training
         _logger.exception("toolkit.session: could not write the record of step %d", step)
 

@@ -142,7 +142,13 @@ def analyse(
         report.attribution = analysis.attribute_time(series, events)
     report.verdict = _diagnose(run, series, report, cfg, scaled.terms if scaled else None)
     if not report.verdict.measured:
-        report.verdict.unmeasured_why = unmeasured_why(report.absent)
+        report.verdict.unmeasured_why = unmeasured_why(report.absent) or (
+            # Steps arrived, with no split of their time: a script's session.log logged none.
+            "the step records carry no split of the step time into data wait, compute, "
+            "communication and optimizer (a script logs only what it measures)"
+            if any(len(s) for s in series.values())
+            else ""
+        )
     report.layout = read_layout(run.run_dir)
     report.unit = run_unit(run.run_dir)  # RUN/model.json: tokens/s or samples/s
     report.members = members.read_members(run.run_dir)  # an ensemble's: RUN/members/<name>/
