@@ -92,7 +92,7 @@ def test_report_shows_the_logged_loss_and_the_node_telemetry(tmp_path):
     )
     assert report.returncode == 0, report.stderr[-2000:]
     # The script is not the default model: nothing predicted for it.
-    assert "a script run: no model prediction" in report.stdout
+    assert f"a script run (python {SESSION} --steps 4): no model prediction" in report.stdout
     # Nothing the script did not log is made up: no 0 % data wait, no "idle 100 %".
     assert "the step records carry no split of the step time" in report.stdout
     assert "Nodes" in report.stdout and "│    2 │" in report.stdout.replace("     2 │", "    2 │")

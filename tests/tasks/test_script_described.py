@@ -53,7 +53,8 @@ def test_status_shows_the_scripts_command_line_with_secrets_redacted():
 def test_the_report_predicts_nothing_for_a_script(tmp_path):
     predicted, note = predicted_terms(script_job(tmp_path), 2)
     assert predicted == {}
-    assert note.startswith("a script run: no model prediction")
+    assert note.startswith(f"a script run (python {tmp_path / 'train.py'} --lr 3e-4 --api-key ")
+    assert note.endswith("): no model prediction (it recorded no model.json)") and "s3" not in note
 
 
 def test_a_step_line_holds_only_what_the_script_logged(tmp_path, monkeypatch):

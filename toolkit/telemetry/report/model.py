@@ -56,7 +56,10 @@ def predicted_terms(
         script = getattr(job, "script", None)
         if script is not None and script.enabled and recorded is None:
             # Your own script: config.yaml's model is the default one, which it never ran.
-            return {}, "a script run: no model prediction (the script recorded no model.json)"
+            from toolkit.redact import redact_text
+
+            line = redact_text(script.command_line())
+            return {}, f"a script run ({line}): no model prediction (it recorded no model.json)"
         if isinstance(job.model, TransformerConfig) and not (script and script.enabled):
             counted = None  # the analytic terms: arithmetic over config.yaml's numbers
         elif recorded is not None:
