@@ -40,6 +40,10 @@ class RunModel:
     units: int  # FSDP2 units (the spec's), besides the root
     input_shape: list[int] = field(default_factory=list)  # one sample's input, no batch dim
     ensemble: int = 1  # K members trained in one step (trainer.ensemble)
+    # Optional (absent in older files: 0, not counted): the aten ops of one forward +
+    # backward, and the parameter tensors; the performance model's per-op floor.
+    ops_per_micro_step: int = 0
+    param_tensors: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -55,6 +59,7 @@ _NUMBERS = (
     "saved_bytes_per_sample",
 )
 _COUNTS = ("num_params", "param_bytes", "tokens_per_sample", "units", "ensemble")
+_OPTIONAL_COUNTS = ("ops_per_micro_step", "param_tensors")  # 0 where absent
 
 
 def from_dict(value: Any, where: str = MODEL_FILE) -> RunModel:
@@ -78,6 +83,10 @@ def from_dict(value: Any, where: str = MODEL_FILE) -> RunModel:
         v = value.get(name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise bad(name, "not a whole number >= 0")
+    for name in _OPTIONAL_COUNTS:
+        v = value.get(name, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad(name, "not a whole number >= 0")
     shape = value.get("input_shape", [])
     if not isinstance(shape, list) or not all(
         isinstance(d, int) and not isinstance(d, bool) for d in shape
@@ -95,6 +104,8 @@ def from_dict(value: Any, where: str = MODEL_FILE) -> RunModel:
         units=value["units"],
         input_shape=list(shape),
         ensemble=max(1, value["ensemble"]),
+        ops_per_micro_step=value.get("ops_per_micro_step", 0),
+        param_tensors=value.get("param_tensors", 0),
     )
 
 

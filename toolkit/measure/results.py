@@ -17,7 +17,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from toolkit.config.compose import load_job
-from toolkit.config.model import display_name
+from toolkit.config.model import TransformerConfig, display_name
 from toolkit.events import read_steps
 from toolkit.measure.stats import (
     PHASES,
@@ -27,10 +27,13 @@ from toolkit.measure.stats import (
     time_to_target,
 )
 from toolkit.perfmodel import Prediction, predict_job
+from toolkit.perfmodel.count_job import shape_of_run_model
+from toolkit.perfmodel.counted_model import CountedShape
 from toolkit.perfmodel.job import layout_from_job
 from toolkit.perfmodel.model import PHASE_OF_TERM, TERMS
 from toolkit.perfmodel.split import MEASURED_FIELD, predicted_split
 from toolkit.redact import redact_text
+from toolkit.runmodel import MODEL_FILE, read_run_model
 from toolkit.train.flops import flops_per_token
 
 STEP_FIELDS = ("step", "wall_time", "step_time_s", *PHASES, "loss", "tokens_per_s", "mfu")
@@ -74,6 +77,17 @@ def measured_memory(run_dir: Path, peak_bytes: int) -> dict[str, int | None]:
     return {"persistent_bytes": persistent, "peak_memory_growth_bytes": peak_bytes - baseline}
 
 
+def recorded_shape(run_dir: Path, job: Any) -> CountedShape | None:
+    """A model of yours (not a built-in transformer) as its run counted it: RUN/model.json
+    (toolkit.runmodel), plain data, nothing built; None for a built-in transformer."""
+    if isinstance(job.model, TransformerConfig):
+        return None
+    recorded = read_run_model(run_dir)
+    if recorded is None:
+        raise FileNotFoundError(f"{run_dir}/{MODEL_FILE}: the run recorded no model counts")
+    return shape_of_run_model(recorded)
+
+
 def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]:
     """The benchmark summary of one run and the model's prediction for it."""
     job = load_job(run_dir / "config.yaml")
@@ -84,12 +98,15 @@ def analyze_run(run_dir: Path, warmup: int) -> tuple[dict[str, Any], Prediction]
     steps = steps_by_number(records)
     event_files = rank_files(run_dir, "events-rank")
     events = [e for e in read_steps(event_files[0]) if e["name"] == "eval"] if event_files else []
-    prediction = predict_job(job, world)
+    counted = recorded_shape(run_dir, job)
+    prediction = predict_job(job, world, counted)
     stats = step_statistics(
         steps,
         warmup,
         world_size=world,
-        flops_per_token=flops_per_token(job.model, job.data.seq_len),
+        flops_per_token=float(prediction.flops["flops_per_token"])
+        if counted is not None
+        else flops_per_token(job.model, job.data.seq_len),
         peak_flops=job.hardware.peak_flops(job.precision.param_dtype),
     )
     run_summary = read_json(run_dir / "summary.json") or {}

@@ -72,10 +72,12 @@ def run_model(job: JobConfig, batch: Any = None) -> RunModel:
         saved = spec.saved_bytes_per_sample
         activations = 0.0 if saved is None else saved(cfg, job.data.seq_len)
         forward = flops / 3
+        ops, tensors = 0, len(dict(model.named_parameters()))  # ops not counted: no floor
     else:
         cost = count(lambda: spec.build(cfg), batch, spec.loss_of)
         flops, forward = cost.flops_per_sample, cost.forward_flops_per_sample
         params, activations = cost.num_params, cost.saved_bytes / cost.batch_size
+        ops, tensors = cost.ops, cost.param_tensors
     return RunModel(
         name=display_name(job.model),
         unit=spec.unit,
@@ -88,6 +90,8 @@ def run_model(job: JobConfig, batch: Any = None) -> RunModel:
         units=units,
         input_shape=shape,
         ensemble=ensemble,
+        ops_per_micro_step=ops,
+        param_tensors=tensors,
     )
 
 

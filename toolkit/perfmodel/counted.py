@@ -29,6 +29,11 @@ How:
   saves for backward during the forward, deduplicated by storage (q, k and v views of one
   qkv tensor count once, at the storage's size); parameters, buffers and the batch itself are
   left out (they are held anyway).
+- Ops: every aten op forward and backward dispatch (`OpCounter`, a TorchDispatchMode: views,
+  detaches and transposes included), the count the performance model charges a per-op
+  cost for (toolkit.perfmodel.counted_model: the launch floor of a small model). On meta the
+  LSTM's composite form is counted (a few ops per gate and time step) where a CPU runs one
+  fused kernel: for nn.LSTM / nn.GRU the count, and the floor, are an upper bound.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from toolkit.errors import UserError
@@ -63,6 +69,8 @@ class CountedCost:
     saved_bytes: int  # saved for backward over the batch (activations only)
     tokens_per_sample: int | None = None
     flops_by_op: dict[str, int] = field(default_factory=dict)
+    ops: int = 0  # aten ops dispatched by the forward + backward (OpCounter)
+    param_tensors: int = 0  # parameter tensors (the optimizer's foreach ops run per tensor)
 
     @property
     def flops_per_sample(self) -> float:
@@ -94,6 +102,8 @@ class CountedCost:
             "param_bytes": self.param_bytes,
             "saved_bytes_per_sample": self.saved_bytes_per_sample,
             "flops_by_op": dict(self.flops_by_op),
+            "ops": self.ops,
+            "param_tensors": self.param_tensors,
         }
 
 
@@ -138,7 +148,8 @@ def count(
     mapping = {aten._scaled_dot_product_flash_attention_backward: attention_backward_flops}
     counter = FlopCounterMode(display=False, custom_mapping=mapping)
     attention = FusedAttention() if fused_attention else contextlib.nullcontext()
-    with counter:
+    ops = OpCounter()
+    with counter, ops:
         with attention, torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
             value = loss_fn(model, made)
         forward = counter.get_total_flops()
@@ -155,6 +166,8 @@ def count(
         saved_bytes=sum(saved.values()),
         tokens_per_sample=tokens_per_sample,
         flops_by_op={str(op): n for op, n in counter.get_flop_counts()["Global"].items()},
+        ops=ops.count,
+        param_tensors=len(params),
     )
 
 
@@ -193,6 +206,18 @@ def output_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         raise UserError(f"count: the model returned a {type(out).__name__}; pass a loss function")
     return out if out.dim() == 0 else out.float().sum()
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched while it is active (forward and backward alike)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 class FusedAttention(TorchFunctionMode):

@@ -15,7 +15,20 @@ plan or pipeline split runs no other layout):
 * memory: fp32 parameter, gradient and optimizer shards, two gathered units, the saved
   activations of a micro-batch (with activation checkpointing: the units' inputs, estimated
   as one unit's share, plus one unit recomputed), the accumulated gradients as grad_sync
-  says. Per-op launch overhead is not counted (no op count): the prediction is a floor.
+  says;
+* overhead, the launch floor (toolkit.perfmodel.small): the aten ops counting saw per
+  micro-step (`ops_per_micro_step`) x the cost of one aten op (`aten_op_s`), plus FSDP2's
+  fixed cost per unit collective (`fsdp_collective_overhead_s`); the optimizer's foreach
+  ops per parameter tensor x `optimizer_op_overhead_s`, inside the optimizer term with the
+  step's small all-reduces (grad norm, loss), as for the built-in transformers. A count
+  recorded without ops (an older RUN/model.json) charges no per-op cost: a floor.
+
+The cost of one aten op: the profile's `op_overhead_s` is measured per *kernel* of the
+built-in block (toolkit.measure.hardware.op_overhead: the block at dim 8 forward + backward
+over its BLOCK_FORWARD_OPS x (1 + BACKWARD_OPS_FACTOR) kernels); the same block dispatches
+BLOCK_ATEN_OPS aten ops as counting counts them (views and detaches included), so one aten
+op costs op_overhead_s x kernels / BLOCK_ATEN_OPS (tests/perfmodel/test_counted_ops.py
+keeps the constant in step with the counter).
 """
 
 from __future__ import annotations
@@ -48,6 +61,28 @@ class CountedShape:
     saved_bytes_per_sample: float  # activations saved for backward, in the counted dtype
     units: int = 1  # FSDP2 units (the spec's), besides the root
     tokens_per_sample: int = 0  # 0: a sample is not a sequence of tokens
+    ops_per_micro_step: int = 0  # aten ops of one forward + backward (0: not counted)
+    param_tensors: int = 0  # parameter tensors (0: not counted)
+
+
+# The built-in block at dim 8 (what the profile times for op_overhead_s): aten ops of one
+# forward + .sum() + backward on meta, as toolkit.perfmodel.counted.OpCounter counts them.
+BLOCK_ATEN_OPS = 126
+BLOCK_KERNELS = kernels.BLOCK_FORWARD_OPS * (1 + kernels.BACKWARD_OPS_FACTOR)
+
+
+def aten_op_s(hw: HardwareConfig) -> float:
+    """Seconds per counted aten op: the profile's per-kernel cost over the aten ops per
+    kernel of the block it was measured on."""
+    return hw.op_overhead_s * BLOCK_KERNELS / BLOCK_ATEN_OPS
+
+
+def unit_collectives(units: int, layout: Layout) -> int:
+    """FSDP2's unit all-gathers and reduce-scatters per step for `units` units and the
+    root (toolkit.perfmodel.steptime.fsdp_unit_collectives, for a counted model)."""
+    regathered = units - 1 if layout.reshard_after_forward else 0
+    gathers = forward_gathers(layout) * (units + 1) + layout.grad_accum * regathered
+    return gathers + layout.reductions * (units + 1)
 
 
 def matmul_rate(hw: HardwareConfig, dtype: str) -> float:
@@ -97,17 +132,29 @@ def predict_counted(model: CountedShape, layout: Layout, hw: HardwareConfig) -> 
         hw.memory_bandwidth * hw.fsdp_copy_fraction * speed
     )
     m = layout.grad_accum
-    compute_s = m * (gemm_mb + elementwise_mb) + copy_s
+    slowdown = kernels.overhead_slowdown(hw, layout.ranks_per_node)
+    ops_mb = model.ops_per_micro_step * (2 if ac else 1)  # checkpointing: the forward again
+    fsdp_overhead_s = slowdown * unit_collectives(units, layout) * hw.fsdp_collective_overhead_s
+    overhead_s = m * ops_mb * aten_op_s(hw) * slowdown + fsdp_overhead_s
+    compute_s = m * (gemm_mb + elementwise_mb) + overhead_s + copy_s
     link = comm_model.links(
         hw, layout.shard_size, layout.ranks_per_node, replicate=layout.replicate
     )
     ct = comm_model.communication_time(traffic, link, compute_s, hw.comm_overlap)
     local = total / layout.shard_size
-    optimizer_s = kernels.optimizer_bytes(local) / (hw.memory_bandwidth * speed)
+    fused = layout.fused_optimizer
+    optimizer_ops = kernels.optimizer_launches(model.param_tensors, local, hw.num_sms > 0, fused)
+    optimizer_launch_s = optimizer_ops * hw.optimizer_op_overhead_s * slowdown
+    optimizer_s = (
+        kernels.optimizer_bytes(local, fused) / (hw.memory_bandwidth * speed)
+        + optimizer_launch_s
+        + ct["small_allreduce_s"]  # as the transformers' term: the split takes it out
+    )
     step_s = compute_s + ct["exposed_s"] + optimizer_s
     terms = {
         "gemm": m * gemm_mb,
         "elementwise": m * elementwise_mb,
+        "overhead": overhead_s,
         "fsdp_copy": copy_s,
         "communication": ct["exposed_s"],
         "optimizer": optimizer_s,
@@ -115,10 +162,10 @@ def predict_counted(model: CountedShape, layout: Layout, hw: HardwareConfig) -> 
     time: dict[str, Any] = {
         **{f"{k}_s": v for k, v in terms.items()},
         "attention_s": 0.0,
-        "overhead_s": 0.0,
-        "optimizer_launch_s": 0.0,
-        "launches": 0.0,  # not counted: no launch floor (toolkit.perfmodel.small)
-        "fsdp_overhead_s": 0.0,
+        "optimizer_launch_s": optimizer_launch_s,
+        # Ops dispatched per step (toolkit.perfmodel.small's launch floor); 0: not counted.
+        "launches": m * ops_mb + optimizer_ops if model.ops_per_micro_step else 0.0,
+        "fsdp_overhead_s": fsdp_overhead_s,
         "tp_communication_s": 0.0,
         "pipeline_p2p_s": 0.0,
         "pipeline_bubble_s": 0.0,
@@ -137,7 +184,7 @@ def predict_counted(model: CountedShape, layout: Layout, hw: HardwareConfig) -> 
         "tp_link": "-",
         "pp_link": "-",
         "critical_stage": 0,
-        "stage_micro_batch_s": [gemm_mb + elementwise_mb],
+        "stage_micro_batch_s": [gemm_mb + elementwise_mb + (overhead_s - fsdp_overhead_s) / m],
     }
     memory = counted_memory(model, layout, device_capacity(hw, layout.ranks_per_node))
     communication = {

@@ -39,6 +39,9 @@ def load_model(run_dir: Path) -> tuple[RunModel | None, str]:
     return run_model_or_note(Path(run_dir))
 
 
+ARITHMETIC_TERMS = ("gemm", "attention", "elementwise")
+
+
 def predicted_terms(
     job: Any, world_size: int, recorded: RunModel | None = None, no_model: str = ""
 ) -> tuple[dict[str, float], str]:
@@ -69,6 +72,8 @@ def predicted_terms(
         time = predict_job(job, world_size, counted).time
         split = predicted_split(time)  # compute, exposed communication, optimizer, ...
         split["communication"] = float(time["communication_total_s"])
+        # The model's own arithmetic per step (no per-op floor): verdict's too-small check.
+        split["arithmetic"] = sum(float(time[f"{t}_s"]) for t in ARITHMETIC_TERMS)
         return split, ""
     except Exception as exc:  # noqa: BLE001 - the model must never break the report
         return {}, f"performance model unavailable: {type(exc).__name__}: {exc}"

@@ -106,6 +106,38 @@ def _waited_for(series: dict[int, RankSeries], straggler: int) -> float:
     return float(np.nansum(excess * w))
 
 
+# A model whose predicted arithmetic is under this share of the measured step, on several
+# ranks, is too small for them: the rest is per-op cost and collectives, which more ranks
+# do not shrink.
+SMALL_MODEL_SHARE = 0.1
+MAX_SUGGESTED_ENSEMBLE = 32
+
+
+def too_small(verdict: Verdict, ranks: int, trainer: Any) -> tuple[str, str] | None:
+    """(diagnosis, remedy) for a model too small for its ranks (None where it is not, or
+    where the model's arithmetic or the measured step is unknown): fewer ranks, a larger
+    micro-batch, or K members in one step (trainer.ensemble, toolkit.train.ensemble)."""
+    work = verdict.predicted.get("arithmetic", float("nan"))
+    step = verdict.terms.get("step", float("nan"))
+    if ranks < 2 or not (np.isfinite(work) and np.isfinite(step)) or work <= 0:
+        return None
+    if work >= SMALL_MODEL_SHARE * step:
+        return None
+    k = max(2, min(MAX_SUGGESTED_ENSEMBLE, int(step / work)))
+    micro = getattr(trainer, "micro_batch_size", None)
+    larger = f"trainer.micro_batch_size={2 * micro}" if isinstance(micro, int) else "micro-batch"
+    what = (
+        f"the model is too small for its {ranks} ranks: its arithmetic is {1000 * work:.2f} ms "
+        f"of a {1000 * step:.1f} ms step ({100 * work / step:.1f}%), the rest per-op cost and "
+        "collectives, which tuning the collectives does not remove"
+    )
+    remedy = (
+        f"run on fewer ranks, raise the micro-batch ({larger}), or train {k} models in each "
+        f"step (trainer.ensemble={k})"
+    )
+    return what, remedy
+
+
 def diagnose(
     series: dict[int, RankSeries],
     attribution: Attribution,
@@ -211,10 +243,13 @@ def diagnose(
         )
 
     comm = max(0.0, seconds.get("communication", 0.0) - wait_s)
+    small = too_small(verdict, len(series), getattr(job, "trainer", None))
     if comm / total >= MIN_SHARE["communication"]:
         parallel = getattr(job, "parallel", None)
         trainer = getattr(job, "trainer", None)
-        if parallel is not None and parallel.reshard_after_forward:
+        if small:  # no tuning of the collectives hides them behind so little work
+            action = f"{small[0]}: {small[1]}"
+        elif parallel is not None and parallel.reshard_after_forward:
             action = "parallel.reshard_after_forward=false (no all-gather again in backward)"
         elif trainer is not None:
             action = (
@@ -236,6 +271,10 @@ def diagnose(
                 action,
             )
         )
+
+    elif small:
+        share = 1.0 - verdict.predicted["arithmetic"] / verdict.terms["step"]
+        findings.append(Finding("small_model", 0.0, share, *small))
 
     unexplained = [g for g in gaps if g.explanation.startswith("unexplained")]
     if unexplained:
