@@ -55,7 +55,7 @@ def test_runs_differing_in_lr_and_seed_share_one_pack_one_member_each():
         "trainer.ensemble=4",
         "trainer.members=[{name:r0,seed:0,lr:0.001},{name:r1,seed:1,lr:0.001},"
         "{name:r2,seed:0,lr:0.003},{name:r3,seed:1,lr:0.003}]",
-        "++data.seed=0",
+        "++data.order_seed=0",
     ]
 
 
@@ -63,20 +63,20 @@ def test_the_packer_sets_data_seed_so_each_member_equals_a_plain_run():
     runs = sweep({"seed": 1, "optim.lr": 0.1}, {"seed": 2, "optim.lr": 0.1})
     (only,) = pack.group(runs, PACKABLE)
     assert (only.data_seed, only.sets_data_seed) == (1, True)
-    assert only.ensemble_overrides()[-1] == "++data.seed=1"
+    assert only.ensemble_overrides()[-1] == "++data.order_seed=1"
     # member r1 (seed 2) saw the batches of seed 1: the plain run it equals says so
-    assert only.equals(runs[1]) == "seed=2 optim.lr=0.1 data.seed=1"
+    assert only.equals(runs[1]) == "seed=2 optim.lr=0.1 data.order_seed=1"
     assert pack.pack_table([only], ["pack0"])[1] == (
-        "  data order: seed 1 (data.seed) for every member"
+        "  data order: seed 1 (data.order_seed) for every member"
     )
 
 
 def test_a_sweeps_own_data_seed_is_kept_and_one_seed_needs_no_data_seed():
-    given = sweep({"seed": 1, "data.seed": 7}, {"seed": 2, "data.seed": 7})
+    given = sweep({"seed": 1, "data.order_seed": 7}, {"seed": 2, "data.order_seed": 7})
     (only,) = pack.group(given, PACKABLE)
     assert (only.data_seed, only.sets_data_seed) == (7, False)
-    assert not any("data.seed" in o for o in only.ensemble_overrides())
-    assert only.equals(given[1]) == "seed=2 data.seed=7"
+    assert not any("data.order_seed" in o for o in only.ensemble_overrides())
+    assert only.equals(given[1]) == "seed=2 data.order_seed=7"
     same = sweep({"seed": 3, "optim.lr": 0.1}, {"seed": 3, "optim.lr": 0.2})
     (only,) = pack.group(same, PACKABLE)
     assert (only.data_seed, only.sets_data_seed) == (3, False)  # the job's seed orders it
@@ -84,10 +84,10 @@ def test_a_sweeps_own_data_seed_is_kept_and_one_seed_needs_no_data_seed():
 
 
 def test_runs_of_another_data_order_are_not_packed_together():
-    runs = sweep({"seed": 0, "data.seed": 1}, {"seed": 0, "data.seed": 2})
+    runs = sweep({"seed": 0, "data.order_seed": 1}, {"seed": 0, "data.order_seed": 2})
     first, second = pack.group(runs, PACKABLE)
     assert not first.packed and not second.packed
-    assert second.reason == "differs from pack 0 in data.seed (another data order)"
+    assert second.reason == "differs from pack 0 in data.order_seed (another data order)"
 
 
 def test_a_setting_that_does_not_vary_is_left_to_the_job_and_the_seed_is_always_given():
@@ -199,10 +199,10 @@ def test_a_packed_sweep_is_one_validated_ensemble_job_and_a_pointer_per_run(tmp_
             f"hydra.sweep.dir={tmp_path}",
         ],
         "data_seed": 0,
-        "equals": f"{' '.join(TINY)} seed=1 trainer.micro_batch_size=4 data.seed=0",
+        "equals": f"{' '.join(TINY)} seed=1 trainer.micro_batch_size=4 data.order_seed=0",
     }
     # the pack's job orders its data by the first run's seed, for every member
-    assert packing.runs[1].job.data.seed == 0 and packing.runs[1].job.seed == 0
+    assert packing.runs[1].job.data.order_seed == 0 and packing.runs[1].job.seed == 0
 
 
 def test_a_sweep_without_pack_auto_is_not_packed(tmp_path):
@@ -232,7 +232,7 @@ def test_the_launcher_prints_the_packs_and_submits_one_job_per_pack(tmp_path, ca
 
 def test_the_pointer_is_plain_json_and_redacts_the_overrides(tmp_path):
     overrides = ["optim.lr=0.1", "WANDB_API_KEY=x"]
-    record = pack.pointer(overrides, tmp_path / "pack0", "r1", 0, "optim.lr=0.1 data.seed=0")
+    record = pack.pointer(overrides, tmp_path / "pack0", "r1", 0, "optim.lr=0.1 data.order_seed=0")
     assert json.loads(json.dumps(record))["overrides"] == [
         "optim.lr=0.1",
         "WANDB_API_KEY=<redacted>",

@@ -9,11 +9,11 @@ else goes to another pack; a run that cannot be a member (another task, your own
 an ensemble already) stays a run of its own. Every decision carries its reason, so the
 launcher can say which run went where and why (`pack_table`).
 
-Data order: every member of a pack sees the same batches, those of the pack's data.seed.
-A sweep that leaves data.seed unset gets it set to the first packed run's seed when the
+Data order: every member of a pack sees the same batches, those of the pack's data.order_seed.
+A sweep that leaves data.order_seed unset gets it set to the first packed run's seed when the
 pack's seeds differ (`Pack.data_seed`), so member r<i> equals the plain run of its own
-settings plus `data.seed=<that seed>` (`Pack.equals`; losses to 1e-5 relative,
-docs/ensembles.md). Runs whose data.seed differs are never packed together (a different
+settings plus `data.order_seed=<that seed>` (`Pack.equals`; losses to 1e-5 relative,
+docs/ensembles.md). Runs whose data.order_seed differs are never packed together (a different
 data order: `apart_reason` says so).
 
 Nothing here composes, writes or imports the runtime: toolkit.launch feeds it each run's
@@ -34,8 +34,8 @@ from toolkit.redact import redact
 MEMBER_PREFIX = "r"  # member names r00, r01, ...: the run's index in the sweep
 LEFT_OUT = ("run_dir",)  # differs for every run of a sweep by construction
 MAX_DIFFERENCES_SHOWN = 3
-DATA_SEED = "data.seed"  # the data order every member of a pack shares
-WHY = {DATA_SEED: "data.seed (another data order)"}  # why a difference splits packs
+DATA_SEED = "data.order_seed"  # the data order every member of a pack shares
+WHY = {DATA_SEED: "data.order_seed (another data order)"}  # why a difference splits packs
 NOT_A_SETTING = ("launch.pack=", "hydra.")  # overrides that say nothing of what is trained
 
 
@@ -59,9 +59,9 @@ class Pack:
     runs: list[SweepRun]
     members: list[dict[str, Any]] = field(default_factory=list)
     reason: str = ""
-    data_seed: int | None = None  # a packed pack's data order (data.seed or the seed)
-    sets_data_seed: bool = False  # the packer sets data.seed (the sweep left it unset)
-    data_seed_given: bool = False  # the sweep's runs set data.seed (equal in a pack)
+    data_seed: int | None = None  # a packed pack's data order (data.order_seed or the seed)
+    sets_data_seed: bool = False  # the packer sets data.order_seed (the sweep left it unset)
+    data_seed_given: bool = False  # the sweep's runs set data.order_seed (equal in a pack)
 
     @property
     def packed(self) -> bool:
@@ -76,13 +76,13 @@ class Pack:
             for m in self.members
         )
         added = [f"trainer.ensemble={len(self.members)}", f"trainer.members=[{members}]"]
-        if self.sets_data_seed:  # ++: a `_target_` dataset node has no data.seed key yet
+        if self.sets_data_seed:  # ++: a `_target_` dataset node has no data.order_seed key yet
             added.append(f"++{DATA_SEED}={self.data_seed}")
         return added
 
     def equals(self, run: SweepRun) -> str:
         """The plain run a packed run's member equals: its own settings (redacted) with the
-        pack's data order, e.g. 'optim.lr=0.01 seed=2 data.seed=1'."""
+        pack's data order, e.g. 'optim.lr=0.01 seed=2 data.order_seed=1'."""
         own = [o for o in redact(run.overrides) if not o.startswith(NOT_A_SETTING)]
         given = any(o.lstrip("+").startswith(f"{DATA_SEED}=") for o in own)
         return " ".join(own if given else [*own, f"{DATA_SEED}={self.data_seed}"])
@@ -202,12 +202,12 @@ def group(runs: list[SweepRun], packable: dict[str, str]) -> list[Pack]:
 
 
 def set_data_order(pack: Pack, seed_key: str) -> None:
-    """The pack's data order: its data.seed (equal within a pack: it is part of the
-    shape), else the first run's seed, set as data.seed when the members' seeds differ."""
+    """The pack's data order: its data.order_seed (equal within a pack: it is part of the
+    shape), else the first run's seed, set as data.order_seed when the members' seeds differ."""
     first = pack.runs[0].config
     try:
         given = value_at(first, DATA_SEED)
-    except KeyError:  # a config from before data.seed: the seed orders the data
+    except KeyError:  # a config from before data.order_seed: the seed orders the data
         given = None
     pack.data_seed = int(value_at(first, seed_key)) if given is None else int(given)
     seeds = {json.dumps(value_at(run.config, seed_key)) for run in pack.runs}
@@ -249,7 +249,7 @@ def pack_table(packs: list[Pack], pack_names: list[str]) -> list[str]:
         why = f" ({pack.reason})" if pack.reason else ""
         lines.append(f"{name}: {what}{why}")
         if pack.packed:
-            source = "data.seed" if pack.sets_data_seed or pack.data_seed_given else "seed"
+            source = "data.order_seed" if pack.sets_data_seed or pack.data_seed_given else "seed"
             lines.append(f"  data order: seed {pack.data_seed} ({source}) for every member")
         for run, member in zip(pack.runs, pack.members or [{}], strict=False):
             where = f"{name} member {member['name']}" if pack.packed else name

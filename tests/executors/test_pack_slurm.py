@@ -39,8 +39,8 @@ def test_a_packed_sweep_is_one_array_element_per_pack_and_lists_every_member(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "launch.pack=auto: 2 job(s) for the sweep's runs" in proc.stdout
     assert "pack1: 4 members (differs from pack 0 in trainer.micro_batch_size)" in proc.stdout
-    # the seeds differ: every member sees the first run's data order, set as data.seed
-    assert proc.stdout.count("  data order: seed 1 (data.seed) for every member") == 2
+    # the seeds differ: every member sees the first run's data order, set as data.order_seed
+    assert proc.stdout.count("  data order: seed 1 (data.order_seed) for every member") == 2
     ids = [
         json.loads((tmp_path / p / "slurm.json").read_text())["job_id"] for p in ("pack0", "pack1")
     ]
@@ -58,7 +58,7 @@ def test_a_packed_sweep_is_one_array_element_per_pack_and_lists_every_member(
         summary = json.loads((member_dir / "summary.json").read_text())
         assert summary["steps"] == 2
         assert json.loads((member_dir / "member.json").read_text())["data_seed"] == 1
-        assert pointer["data_seed"] == 1 and pointer["equals"].endswith(" data.seed=1")
+        assert pointer["data_seed"] == 1 and pointer["equals"].endswith(" data.order_seed=1")
         members[str(member_dir)] = pointer
 
     listed = subprocess.run(

@@ -4,7 +4,7 @@ One ensemble run of a user's model (tests/fixtures/userpkg, outside the toolkit)
 by the module: 4 members on 2 gloo ranks with their own seeds, learning rates, weight
 decay and warm-up, one of them given a learning rate that makes it diverge. Each healthy
 member trains the losses of its separate run, the plain run `seed=<member seed>
-data.seed=<the ensemble's data order>` with the member's optimizer settings (no
+data.order_seed=<the ensemble's data order>` with the member's optimizer settings (no
 trainer.members), to within 1e-5 relative; the diverging one is dropped while the others finish; every member is laid out,
 listed, resumed and exported like a run of its own."""
 
@@ -68,7 +68,7 @@ PLAIN |= {"warmup_steps": "optim.warmup_steps"}
 
 
 def plain_run(member: dict) -> list[str]:
-    return ["data.seed=0", *(f"{PLAIN[k]}={v}" for k, v in member.items())]
+    return ["data.order_seed=0", *(f"{PLAIN[k]}={v}" for k, v in member.items())]
 
 
 def as_override(members: list[dict]) -> str:
@@ -101,7 +101,7 @@ def ensemble(tmp_path_factory) -> Path:
 def test_each_member_trains_the_losses_of_its_separate_run(ensemble, tmp_path):
     for name, index in COMPARED.items():
         alone = tmp_path / name
-        done = launch(alone, *plain_run(MEMBERS[index]))  # seed=S data.seed=0 optim.lr=...
+        done = launch(alone, *plain_run(MEMBERS[index]))  # seed=S data.order_seed=0 optim.lr=...
         assert done.returncode == 0, done.stderr[-3000:]
         got, want = member_losses(ensemble / "members" / name), member_losses(alone)
         assert sorted(got) == list(range(1, STEPS + 1))

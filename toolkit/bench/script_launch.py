@@ -3,6 +3,7 @@
     python -m toolkit.bench.script_launch [--reps 5] [--steps 200]            # 2 local ranks
     python -m toolkit.bench.script_launch --slurm [--reps 3] [--steps 100]    # 2 Slurm nodes
     python -m toolkit.bench.script_launch --against DIR    # + D: B from an earlier checkout
+    python -m toolkit.bench.script_launch --override launch.rank_start=exec    # B, C, D with it
 
 Three variants run the same DDP script (tests/fixtures/scripts/ddp_train.py, gloo), one
 untimed warm-up first, then interleaved per repetition with the order rotated each time so
@@ -99,6 +100,10 @@ ON_SLURM: dict[str, Variant] = {
 }
 
 
+def _with(variant: Variant, overrides: list[str]) -> Variant:
+    return lambda n, d: [*variant(n, d), *overrides]
+
+
 def stamps(text: str) -> dict[int, float]:
     """Step -> the time rank 0 printed it, from the script's `--stamp` lines in `text`."""
     return {int(m[1]): float(m[2]) for m in map(STAMPED.match, text.splitlines()) if m}
@@ -147,8 +152,18 @@ def main(argv: list[str] | None = None) -> int:
         help="a checkout of an earlier commit (git archive REV | tar -x -C DIR): its B, "
         "interleaved with the others as D, for a before/after figure in one run",
     )
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        help="one more toolkit.launch override for B, C and D (repeatable), e.g. "
+        "launch.rank_start=exec: every rank its own interpreter, as on a GPU machine",
+    )
     args = parser.parse_args(argv)
-    variants = dict(ON_SLURM if args.slurm else LOCAL)
+    variants = {
+        name: (v if name.startswith("A ") else _with(v, args.override))
+        for name, v in (ON_SLURM if args.slurm else LOCAL).items()
+    }
     trees: dict[str, Path] = {}
     if args.against is not None:
         variants["D toolkit at --against"] = variants["B toolkit"]

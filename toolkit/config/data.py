@@ -24,9 +24,9 @@ class DataConfig:
     cache_dir: str = "~/.cache/toolkit"
     prefetch: int = 2  # steps prepared ahead per worker (num_workers > 0)
     # The data order's seed (which samples, in which order, train and validation); None:
-    # the job's seed. A run `seed=S data.seed=D` is the ensemble member of seed S whose
+    # the job's seed. A run `seed=S data.order_seed=D` is the ensemble member of seed S whose
     # pack's data order is D (docs/ensembles.md, "What a member equals").
-    seed: int | None = None
+    order_seed: int | None = None
     # num_workers, pin_memory (below, with the returns settings) apply to every kind
     # --- returns only -----------------------------------------------------------------
     horizon: int = 1  # the target sums the target feature over this many steps ahead
@@ -59,13 +59,13 @@ class DataConfig:
 
 
 def order_seed(d: DataConfig | DatasetConfig, seed: int) -> int:
-    """The data order's seed: data.seed, or the job's `seed` when it is None."""
-    return seed if d.seed is None else d.seed
+    """The data order's seed: data.order_seed, or the job's `seed` when it is None."""
+    return seed if d.order_seed is None else d.order_seed
 
 
 def seed_problems(d: DataConfig | DatasetConfig) -> list[str]:
-    if d.seed is not None and d.seed < 0:
-        return [f"data.seed={d.seed}: must be >= 0 (or null for the job's seed)"]
+    if d.order_seed is not None and d.order_seed < 0:
+        return [f"data.order_seed={d.order_seed}: must be >= 0 (or null for the job's seed)"]
     return []
 
 
@@ -87,7 +87,7 @@ class DatasetConfig(TargetConfig):
     shuffle: bool = True  # map-style: each epoch in its own order, seeded by (seed, epoch)
     # The data order's seed; None: the job's seed. The toolkit's key: not passed to your
     # Dataset (docs/ensembles.md, "What a member equals").
-    seed: int | None = None
+    order_seed: int | None = None
     drop_last: bool = False  # map-style: drop an epoch's last partial global batch
     val: Any = None  # a validation Dataset node ({_target_: ..., kwargs}), or None
     val_fraction: float = 0.0  # map-style, no `val`: the last fraction of items validates

@@ -59,7 +59,7 @@ class TrainerConfig:
     max_rollbacks: int = 3
     # K members of one architecture trained at once in each rank (toolkit.train.ensemble:
     # stacked parameters, torch.func.vmap over members, one AdamW over the stack). 1: a
-    # plain run. Every member sees the same batches (the data order comes from data.seed,
+    # plain run. Every member sees the same batches (the data order comes from data.order_seed,
     # or the job's seed); a member's own seed sets its initialisation and dropout.
     ensemble: int = 1
     # Per-member settings, [] or one dict per member: name, seed, lr, weight_decay,

@@ -221,7 +221,7 @@ def build_model(
 def batch_plan(job: JobConfig, shape: MeshShape, rank: int) -> BatchPlan:
     """Which samples rank `rank` reads at each step. Batches are split over the data-parallel
     ranks (tp and pp peers read the same slice); their order, training and validation, is
-    data.seed's, or the job's seed when data.seed is unset."""
+    data.order_seed's, or the job's seed when data.order_seed is unset."""
     return BatchPlan(
         seed=order_seed(job.data, job.seed),
         seq_len=job.data.seq_len,

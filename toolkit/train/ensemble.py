@@ -8,9 +8,9 @@ by taking its slice (toolkit.train.ensemble_io). A step runs the spec's loss of 
 member at once: torch.func.vmap over the stacked tensors, functional_call of one stateless
 copy of the model (randomness="different": each member draws its own dropout masks).
 
-Data order: every member sees the same batches, those of data.seed (None: the job's
+Data order: every member sees the same batches, those of data.order_seed (None: the job's
 seed). A member's seed sets its initialisation (and its dropout draws under vmap). The
-separate run a member equals is the plain run `seed=<member seed> data.seed=<the
+separate run a member equals is the plain run `seed=<member seed> data.order_seed=<the
 ensemble's data order>` with its learning rate, weight decay and warm-up; losses agree to
 1e-5 relative (float reordering: vmap batches the members' matmuls; docs/ensembles.md,
 "What a member equals"). Dropout masks are not a separate run's bitwise: under vmap they
@@ -87,8 +87,8 @@ def resolve_members(t: TrainerConfig, seed: int, optim: OptimConfig) -> list[Mem
 
 def solo_member(t: TrainerConfig, seed: int, optim: OptimConfig) -> Member | None:
     """trainer.ensemble=1 with one trainer.members entry: the run of that member alone (the
-    plain path: its seed for the model, data.seed or the job's seed for the data order, its
-    optimizer settings). The same run as `seed=<its seed> data.seed=<the job's>` with its
+    plain path: its seed for the model, data.order_seed or the job's seed for the data order, its
+    optimizer settings). The same run as `seed=<its seed> data.order_seed=<the job's>` with its
     settings, the reference docs/ensembles.md names. None otherwise."""
     if t.ensemble != 1 or not t.members:
         return None

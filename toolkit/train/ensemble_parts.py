@@ -45,7 +45,7 @@ def build_ensemble(
 ) -> EnsembleParts:
     """trainer.ensemble members of the model `build()` makes (each after its own seed),
     computing in `compute_dtype` (precision.param_dtype; autocast when not fp32), over the
-    data order of `data_seed` (data.seed, or the job's seed; recorded in member.json)."""
+    data order of `data_seed` (data.order_seed, or the job's seed; recorded in member.json)."""
     members = resolve_members(trainer, seed, optim)
     stack = build_stack(build, members, loss, device)
     bookkeeping = Members(members, run_dir, rank, seed if data_seed is None else data_seed)
