@@ -9,7 +9,6 @@ import torch
 from toolkit.config.data import DataConfig
 from toolkit.data.files import builtin_corpus
 from toolkit.data.tokens import (
-    ArraySource,
     BatchPlan,
     MappedTokens,
     SyntheticTokens,
@@ -24,8 +23,15 @@ def _plan(world: int, rank: int, micro: int, accum: int) -> BatchPlan:
     )
 
 
-def test_global_batch_is_the_same_for_any_world_size() -> None:
-    source = ArraySource(np.arange(10_000, dtype=np.uint8))
+def _counting_file(tmp_path, n: int) -> MappedTokens:
+    """A corpus whose byte i is i % 256, so a window shows where it starts."""
+    path = tmp_path / "corpus.bin"
+    path.write_bytes(np.arange(n, dtype=np.uint8).tobytes())
+    return MappedTokens(path, 0, n)
+
+
+def test_global_batch_is_the_same_for_any_world_size(tmp_path) -> None:
+    source = _counting_file(tmp_path, 10_000)
 
     def global_batch(world: int, micro: int, accum: int) -> torch.Tensor:
         rows = []
@@ -46,8 +52,8 @@ def test_synthetic_tokens_do_not_depend_on_the_micro_batch_split() -> None:
     assert torch.equal(torch.cat(halves), whole)
 
 
-def test_targets_are_inputs_shifted_by_one() -> None:
-    source = ArraySource(np.arange(1000, dtype=np.uint8))
+def test_targets_are_inputs_shifted_by_one(tmp_path) -> None:
+    source = _counting_file(tmp_path, 1000)
     x, y = _plan(1, 0, 2, 1).micro_batches(source, "train", 0)[0]
     assert torch.equal(x[:, 1:], y[:, :-1])
 
@@ -55,9 +61,7 @@ def test_targets_are_inputs_shifted_by_one() -> None:
 def test_loader_resumes_at_the_saved_position(tmp_path) -> None:
     """Two workers read a memory-mapped file; a loader resumed from their state gives the
     step the training process computes itself, bit for bit."""
-    path = tmp_path / "corpus.bin"
-    path.write_bytes(np.arange(5000, dtype=np.uint8).tobytes())
-    source = MappedTokens(path, 0, 5000)
+    source = _counting_file(tmp_path, 5000)
     loader = TokenLoader(source, _plan(1, 0, 2, 1), num_workers=2)
     batches = [next(loader) for _ in range(5)]
     state = loader.state_dict()

@@ -123,12 +123,7 @@ class CheckpointHook(Hook):
         self.storage: Storage = build_storage(cfg, self.fault)
         self.watcher: SaveNowWatcher | None = None
         self._save_failed = False
-        self._requested = False
         self._verify_s = 0.0
-
-    def request_save(self) -> None:
-        """Checkpoint at the next step boundary (call on any rank)."""
-        self._requested = True
 
     # -- start: resume -------------------------------------------------------------------
     def on_start(self, trainer: TrainerView) -> None:
@@ -276,8 +271,7 @@ class CheckpointHook(Hook):
     def votes(self, trainer: TrainerView) -> list[float]:
         assert self.ckpt is not None
         self._report(trainer, self.ckpt.poll())
-        requested = self._requested or (self.watcher is not None and self.watcher.take())
-        self._requested = False
+        requested = self.watcher is not None and self.watcher.take()
         stop_on_error = self._save_failed and self.cfg.on_save_error == "stop"
         return [float(stop_on_error), float(requested)]
 

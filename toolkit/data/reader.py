@@ -81,10 +81,6 @@ class DatasetReader:
         state.update(_readers={}, _cache=OrderedDict(), _cached_bytes=0, bytes_read=0)
         return state
 
-    @property
-    def num_chunks(self) -> int:
-        return len(self._part_of_chunk)
-
     def _reader(self, i: int) -> PartReader:
         if i not in self._readers:
             m = self.manifest

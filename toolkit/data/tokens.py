@@ -52,19 +52,6 @@ def byte_windows(array: np.ndarray, starts: np.ndarray, seq_len: int) -> Window:
     return t[:, :-1], t[:, 1:]
 
 
-@dataclass
-class ArraySource:
-    """Windows of an array in memory."""
-
-    array: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.array)
-
-    def window(self, starts: np.ndarray, seq_len: int) -> Window:
-        return byte_windows(self.array, starts, seq_len)
-
-
 class MappedTokens:
     """Bytes [start, stop) of a file, memory-mapped on first use in each process (pickled
     without the mapping, so a DataLoader worker maps the file itself)."""

@@ -35,10 +35,6 @@ class DistEnv:
     def is_rank0(self) -> bool:
         return self.rank == 0
 
-    @property
-    def is_local0(self) -> bool:
-        return self.local_rank == 0
-
 
 def _int(env: dict[str, str], name: str, default: int | None = None) -> int:
     value = env.get(name)
