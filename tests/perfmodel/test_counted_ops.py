@@ -33,7 +33,7 @@ from toolkit.telemetry.report.verdict import diagnose, summary_lines
 
 sys.path.insert(0, str(REPO / "tests" / "fixtures"))
 
-from userpkg.counted_models import tcn_workload  # noqa: E402
+from userpkg.counted_models import lstm_workload, tcn_workload  # noqa: E402
 
 pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing (scripts/test_suite.py)
 
@@ -59,6 +59,16 @@ def test_the_aten_op_cost_is_the_profiles_kernel_cost_over_the_blocks_aten_ops()
         block(x).sum().backward()
     assert ops.count == BLOCK_ATEN_OPS
     assert aten_op_s(HW) == pytest.approx(1.0e-5 * 19 * 3 / BLOCK_ATEN_OPS)
+
+
+def test_a_small_lstm_counts_the_ops_eager_runs_not_its_composite_form_on_meta():
+    """On meta nn.LSTM runs per gate and time step (about a thousand ops over 8 steps); on the
+    CPU, as eager trains it, one fused kernel: the count is the CPU's."""
+    work = lstm_workload(batch=2, time=8)
+    assert work.count().ops < 100
+    meta_batch = torch.zeros(2, 8, 48, device="meta"), torch.zeros(2, 16, device="meta")
+    with_meta_batch = dataclasses.replace(work, batch=meta_batch)  # cannot run on the CPU
+    assert with_meta_batch.count().ops > 500  # the meta count, an upper bound
 
 
 @pytest.fixture(scope="module")
