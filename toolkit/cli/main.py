@@ -52,6 +52,10 @@ BENCHES = {
     ),
     "telemetry": ("toolkit.bench.telemetry", "telemetry size, agent costs, report speed"),
     "tracking": ("toolkit.bench.tracking", "experiment trackers: cost per record"),
+    "recovery-scale": (
+        "toolkit.fault.scale_sim",
+        "recovery at 128/1,024/8,192 ranks on paper: rank 0, store, time by phase",
+    ),
     "gpu": ("toolkit.measure.gpu", "GPU validation: matmul, bandwidth, NCCL"),
 }
 
