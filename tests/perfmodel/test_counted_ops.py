@@ -162,10 +162,11 @@ def ranks(n: int, step_s: float) -> dict[int, RankSeries]:
     return out
 
 
-def verdict_lines(arithmetic_s: float, communication_s: float) -> list[str]:
+def verdict_lines(arithmetic_s: float, communication_s: float, **trainer: int) -> list[str]:
     from toolkit.config.trainer import TrainerConfig
 
-    job = type("Job", (), {"trainer": TrainerConfig(micro_batch_size=16), "parallel": None})()
+    config = TrainerConfig(**{"micro_batch_size": 16, **trainer})
+    job = type("Job", (), {"trainer": config, "parallel": None})()
     verdict = diagnose(
         series=ranks(2, 0.020),
         attribution=Attribution({"compute": 0.8, "communication": communication_s}),
@@ -189,6 +190,9 @@ def test_a_model_too_small_for_its_ranks_is_diagnosed_as_such():
     assert "reshard_after_forward" not in text
     # Without much communication it is still said, as its own finding.
     assert "too small for its 2 ranks" in "\n".join(verdict_lines(0.00018, 0.0))
+    # Where the global batch is set, the micro-batch follows it: that is what to raise.
+    by_global = "\n".join(verdict_lines(0.00018, 0.4, global_batch_size=32))
+    assert "raise the micro-batch (trainer.global_batch_size=64)" in by_global
     # A model whose arithmetic is most of the step is not.
     assert "too small" not in "\n".join(verdict_lines(0.015, 0.4))
 

@@ -125,7 +125,11 @@ def too_small(verdict: Verdict, ranks: int, trainer: Any) -> tuple[str, str] | N
         return None
     k = max(2, min(MAX_SUGGESTED_ENSEMBLE, int(step / work)))
     micro = getattr(trainer, "micro_batch_size", None)
-    larger = f"trainer.micro_batch_size={2 * micro}" if isinstance(micro, int) else "micro-batch"
+    batch = getattr(trainer, "global_batch_size", None)
+    if isinstance(batch, int):  # the micro-batch follows the global batch
+        larger = f"trainer.global_batch_size={2 * batch}"
+    else:
+        larger = f"trainer.micro_batch_size={2 * micro}" if isinstance(micro, int) else "it"
     what = (
         f"the model is too small for its {ranks} ranks: its arithmetic is {1000 * work:.2f} ms "
         f"of a {1000 * step:.1f} ms step ({100 * work / step:.1f}%), the rest per-op cost and "
