@@ -3,9 +3,11 @@
 Rank 0 removes torn `.tmp` saves and lists the candidates in the order they are tried: the
 run's own committed checkpoints, newest first (a requeued or relaunched job continues its
 run), then `checkpoint.resume_from` (a checkpoint, or a run directory: its newest). Then every
-rank checks the sizes of all files (no file is read) and the checksums of its share of them,
-and the ranks agree through one gather per candidate: a rank reads about 1/world of the
-checkpoint, instead of rank 0 reading all of it while the others wait. A corrupt candidate
+rank checks the sizes and checksums of its share of the files (rank 0 also lists the
+directory and reads DCP's .metadata), and the ranks agree through one gather per candidate: a
+rank reads and stats about 1/world of the checkpoint, instead of rank 0 reading all of it
+while the others wait (or every rank stating every file: world x (2 world + 3) metadata
+operations on the shared file system, 268 million at 8,192 ranks; see docs/fault.md). A corrupt candidate
 is skipped with a warning where fallback is allowed (`checkpoint.on_corrupt=fallback`, the
 run's own checkpoints only), and stops the job otherwise. A checkpoint written by a newer
 torch than this job's stops the job before any rank loads it, fallback or not: an older
@@ -119,13 +121,15 @@ def choose_together(
 
 
 def _check_share(path: Path, checksums: bool, rank: int, world_size: int) -> tuple[str, str] | None:
-    """None if intact as far as this rank checked: every file's size, and the checksums of
-    every world_size-th file from this rank's index on."""
+    """None if intact as far as this rank checked: the sizes and checksums of every
+    world_size-th file from this rank's index on; rank 0 also lists the directory and reads
+    DCP's .metadata (the ranks gather their verdicts, so one rank's check is everyone's)."""
     try:
-        manifest = verify_sizes(path)
+        manifest = verify_sizes(path, share=(rank, world_size))
         if checksums:
             verify_checksums(path, manifest, sorted(manifest.files)[rank::world_size])
-        check_metadata(path, manifest)
+        if rank == 0:
+            check_metadata(path, manifest)
     except CheckpointCorrupt as exc:
         return ("corrupt", str(exc))
     except CheckpointTooNew as exc:

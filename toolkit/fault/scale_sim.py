@@ -26,9 +26,9 @@ dcp_plan      a DCP save or load: rank 0 gathers every rank's plan (items per ra
               bytes per item), unpickles it and scatters the final plans back; every rank
               then reads the global .metadata (one chunk entry per rank and tensor)
 manifest      resume (toolkit.checkpoint.resume.choose_together): every rank reads the whole
-              manifest (2 files per rank + 3) and stats every file in it and lists the
-              directory (verify_sizes), checksums 1/N of the files, then one all_gather of
-              the verdicts; at save, rank 0 gathers every rank's file checksums
+              manifest (2 files per rank + 3), stats and checksums 1/N of the files; rank 0
+              lists the directory and unpickles .metadata; one all_gather of the verdicts.
+              At save, rank 0 gathers every rank's file checksums
 """
 
 from __future__ import annotations
@@ -151,39 +151,47 @@ def replica(job: Job, c: Constants) -> Phase:
     )
 
 
+def metadata_chunks(job: Job) -> int:
+    """Entries of DCP's global .metadata: FSDP shards every parameter and its Adam moments
+    across all ranks (one chunk per rank each); the step scalars are replicated (one each)."""
+    return job.ranks * job.param_tensors * (job.items_per_tensor - 1) + job.param_tensors
+
+
 def dcp_plan(job: Job, c: Constants) -> Phase:
     n = job.ranks
     items = job.param_tensors * job.items_per_tensor
     plans = n * items * c.plan_bytes_per_item  # gathered in, and about as much scattered out
-    metadata = n * items * c.metadata_bytes_per_chunk  # one chunk per rank and tensor
+    metadata = metadata_chunks(job) * c.metadata_bytes_per_chunk
+    reads = 2  # per rank: loading.raise_if_mismatched, then DCP's own local step
     seconds = (
         2 * plans / c.link_bytes_per_s
         + n * items * c.unpickle_s_per_item
-        + n * items * c.metadata_unpickle_s_per_chunk  # every rank, at once
-        + n * metadata / c.fs_bytes_per_s  # every rank reads the whole .metadata
+        + reads * metadata_chunks(job) * c.metadata_unpickle_s_per_chunk  # every rank, at once
+        + reads * n * metadata / c.fs_bytes_per_s  # every rank reads the whole .metadata
     )
     return Phase(
         "dcp_plan",
         seconds,
         rank0_messages=2 * (n - 1),
         rank0_bytes=2 * plans,
-        fs_bytes=n * metadata,
+        fs_bytes=reads * n * metadata,
         note=f"load or first save after a restart; .metadata {metadata / 1e9:.2f} GB, read "
-        "by every rank",
+        f"{reads}x by every rank",
     )
 
 
 def manifest(job: Job, c: Constants) -> Phase:
+    """resume.choose_together as it is: each rank reads the manifest, stats its share of the
+    files and checksums it; rank 0 lists the directory and unpickles .metadata."""
     n = job.ranks
     files = 2 * n + 3
-    items = job.param_tensors * job.items_per_tensor
-    metadata = n * items * c.metadata_bytes_per_chunk  # check_metadata on every rank
-    fs_ops = n * 2 * files  # every rank: a stat per listed file and a directory entry each
-    fs_bytes = n * (files * c.manifest_bytes_per_file + metadata) + job.params * job.bytes_per_param
+    metadata = metadata_chunks(job) * c.metadata_bytes_per_chunk
+    fs_ops = 2 * files  # one stat per listed file (its owner's), one entry in rank 0's listing
+    fs_bytes = n * files * c.manifest_bytes_per_file + metadata + job.params * job.bytes_per_param
     seconds = (
         fs_ops / c.fs_metadata_ops_per_s
         + files * c.manifest_parse_s_per_file
-        + n * items * c.metadata_unpickle_s_per_chunk
+        + metadata_chunks(job) * c.metadata_unpickle_s_per_chunk  # rank 0
         + fs_bytes / c.fs_bytes_per_s
     )
     return Phase(
@@ -193,8 +201,8 @@ def manifest(job: Job, c: Constants) -> Phase:
         rank0_bytes=files * c.manifest_bytes_per_file,  # written at save, read by every rank
         fs_ops=fs_ops,
         fs_bytes=fs_bytes,
-        note=f"{files} files listed: every rank stats all and unpickles .metadata; the "
-        "checksums read the whole checkpoint once",
+        note=f"{files} files listed, read by every rank; stats split across ranks (every rank "
+        f"stating all: {n * 2 * files:,}); the checksums read the checkpoint once",
     )
 
 
