@@ -58,6 +58,7 @@ from toolkit.train.models.spec import Batch, LossFn, batch_size, to_device
 
 META = torch.device("meta")
 REAL_OPS_MAX_PARAMS = 20_000_000  # 80 MB of fp32 parameters: cheap to build on the CPU
+CPU_OPS_SAMPLES = 2  # samples of the batch the CPU's op count runs
 aten = torch.ops.aten
 
 
@@ -221,8 +222,10 @@ def cpu_ops(
     dtype: torch.dtype | None,
 ) -> int:
     """The aten ops one forward + backward dispatches on real CPU tensors (what eager runs:
-    fused RNN kernels among them); 0 where the model or batch cannot run there (a batch
-    given as meta tensors, a CUDA-only op). The caller's RNG state is left as it was."""
+    fused RNN kernels among them), on the batch's first CPU_OPS_SAMPLES samples (the count
+    does not grow with the batch; the time does); 0 where the model or batch cannot run
+    there (a batch given as meta tensors, a CUDA-only op, an error of the model's). The
+    caller's RNG state is left as it was."""
     cpu = torch.device("cpu")
     counter = OpCounter()
     try:
@@ -231,12 +234,24 @@ def cpu_ops(
             made = batch() if callable(batch) else batch
             if dtype is not None:
                 model = model.to(dtype)
-            made = _cast(to_device(made, cpu), dtype)
+            made = _cast(to_device(_first(made, CPU_OPS_SAMPLES), cpu), dtype)
             with counter:
                 loss(model, made).backward()
-    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - your model's own error: the meta count stands
         return 0
     return counter.count
+
+
+def _first(batch: Batch, n: int) -> Batch:
+    """The batch's first n samples (the leading dimension of every tensor)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:n] if batch.dim() else batch
+    if isinstance(batch, dict):
+        return {k: _first(v, n) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        cut = [_first(v, n) for v in batch]
+        return cut if isinstance(batch, list) else tuple(cut)
+    return batch
 
 
 class OpCounter(TorchDispatchMode):
