@@ -24,7 +24,8 @@ replica       issue 48: each rank's shard of the training state (params x bytes_
               back from those peers, one link each; nothing passes through rank 0 or the store
 dcp_plan      a DCP save or load: rank 0 gathers every rank's plan (items per rank x measured
               bytes per item), unpickles it and scatters the final plans back; every rank
-              then reads the global .metadata (one chunk entry per rank and tensor)
+              then reads the global .metadata (one chunk entry per rank and tensor) three
+              times (check_fits, load_into's check, DCP's own)
 manifest      resume (toolkit.checkpoint.resume.choose_together): every rank reads the whole
               manifest (2 files per rank + 3), stats and checksums 1/N of the files; rank 0
               lists the directory and unpickles .metadata; one all_gather of the verdicts.
@@ -162,7 +163,9 @@ def dcp_plan(job: Job, c: Constants) -> Phase:
     items = job.param_tensors * job.items_per_tensor
     plans = n * items * c.plan_bytes_per_item  # gathered in, and about as much scattered out
     metadata = metadata_chunks(job) * c.metadata_bytes_per_chunk
-    reads = 2  # per rank: loading.raise_if_mismatched, then DCP's own local step
+    # per rank at resume: the hook's check_fits, load_into's raise_if_mismatched, then DCP's
+    # own local step, each through a reader of its own
+    reads = 3
     seconds = (
         2 * plans / c.link_bytes_per_s
         + n * items * c.unpickle_s_per_item
