@@ -38,6 +38,8 @@ def test_gloo_rendezvous_is_quadratic_in_the_store_and_replica_shards_shrink():
         assert per_rank == 2 * ranks + 1
         # GPU job: the checkpointer's gloo group, plus NCCL's unique id (1 set, N-1 wait+get)
         assert phase(ranks, "rendezvous").store_ops == ranks * per_rank + 1 + 2 * (ranks - 1)
+        # every rank's address is set once and got by every rank; NCCL's 128-byte id by all
+        assert phase(ranks, "rendezvous").store_bytes == ranks * (ranks + 1) * 178 + ranks * 128
     assert phase(8192, "replica").seconds == pytest.approx(phase(1024, "replica").seconds / 8)
     # each listed file (2 per rank + 3) is stat'ed by one rank and listed by rank 0
     assert phase(1024, "manifest").fs_ops == 2 * (2 * 1024 + 3)
@@ -77,3 +79,5 @@ def test_store_op_counts_match_real_gloo_ranks():
     for ops in counted.values():
         assert ops["default_group"] == gloo_store_ops(3)
         assert ops["checkpoint_group"] == gloo_store_ops(3)
+        sent = ops["checkpoint_group_bytes"]
+        assert sent["get"] == 3 * sent["set"]  # its own address, got by all three ranks

@@ -35,14 +35,18 @@ class CountingStore(dist.Store):
         super().__init__()
         self.inner = inner
         self.ops: collections.Counter[str] = collections.Counter()
+        self.bytes: collections.Counter[str] = collections.Counter()  # values set and got
 
     def set(self, key: str, value: Any) -> None:
         self.ops["set"] += 1
+        self.bytes["set"] += len(value)
         self.inner.set(key, value)
 
     def get(self, key: str) -> bytes:
         self.ops["get"] += 1
-        return self.inner.get(key)
+        value = self.inner.get(key)
+        self.bytes["get"] += len(value)
+        return value
 
     def add(self, key: str, amount: int) -> int:
         self.ops["add"] += 1
@@ -84,18 +88,21 @@ def _count_rank(rank: int, world: int, port: int, out: Any) -> None:
     )
     store = CountingStore(inner)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    default_group = dict(store.ops)
+    default_group, default_bytes = dict(store.ops), dict(store.bytes)
     dist.new_group(backend="gloo")
-    total = dict(store.ops)
+    total, total_bytes = dict(store.ops), dict(store.bytes)
     dist.barrier()
     dist.destroy_process_group()
-    out.put((rank, default_group, {k: total[k] - default_group.get(k, 0) for k in total}))
+    checkpoint_group = {k: total[k] - default_group.get(k, 0) for k in total}
+    checkpoint_bytes = {k: total_bytes[k] - default_bytes.get(k, 0) for k in total_bytes}
+    out.put((rank, default_group, checkpoint_group, default_bytes, checkpoint_bytes))
 
 
 def count_store_ops(world: int) -> dict[int, dict[str, dict[str, int]]]:
     """Every rank's store operations while joining the default gloo group and creating the
     checkpointer's gloo group, on `world` real gloo processes on loopback:
-    {rank: {"default_group": {op: n}, "checkpoint_group": {op: n}}}."""
+    {rank: {"default_group": {op: n}, "checkpoint_group": {op: n}, "default_group_bytes":
+    {"set": bytes, "get": bytes}, "checkpoint_group_bytes": {...}}}."""
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     with socket.socket() as s:  # a free port
@@ -111,7 +118,15 @@ def count_store_ops(world: int) -> dict[int, dict[str, dict[str, int]]]:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
-    return {r: {"default_group": d, "checkpoint_group": c} for r, d, c in sorted(results)}
+    return {
+        r: {
+            "default_group": d,
+            "checkpoint_group": c,
+            "default_group_bytes": db,
+            "checkpoint_group_bytes": cb,
+        }
+        for r, d, c, db, cb in sorted(results)
+    }
 
 
 def store_throughput(clients: int, ops_per_client: int = 200) -> dict[str, float]:

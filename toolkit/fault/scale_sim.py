@@ -58,6 +58,7 @@ class Constants:
     metadata_unpickle_s_per_chunk: float  # unpickling it, per shard (measured)
     manifest_bytes_per_file: float  # manifest JSON per listed file (measured)
     manifest_parse_s_per_file: float  # parsing it, per file (measured)
+    gloo_address_bytes: float = 178.0  # one rank's address in the store (measured: counted)
     link_bytes_per_s: float = IB_NDR_BYTES_PER_S
     # Assumed, not measured (no parallel file system here): a shared file system's metadata
     # operations (stat, readdir entry) per second, all clients together.
@@ -88,6 +89,7 @@ class Phase:
     rank0_messages: int = 0
     rank0_bytes: float = 0.0
     store_ops: int = 0
+    store_bytes: float = 0.0  # values set into and got from the store
     fs_ops: int = 0  # shared file system metadata operations (stat, readdir entry)
     fs_bytes: float = 0.0  # bytes read from the shared file system, all ranks together
     note: str = ""
@@ -133,11 +135,15 @@ def rendezvous(job: Job, c: Constants) -> Phase:
     # The server serves them at its measured rate; no rank finishes before its own ops ran
     # one after another at the single-client latency.
     seconds = max(total / c.store_ops_per_s, gloo_groups * per_gloo * c.store_op_s)
+    # gloo: each rank's address set once and got by every rank; NCCL: a 128-byte unique id
+    # (NCCL_UNIQUE_ID_BYTES) set once and got by every other rank
+    store_bytes = gloo_groups * n * (n + 1) * c.gloo_address_bytes + (n * 128 if job.gpu else 0)
     return Phase(
         "rendezvous",
         seconds,
         rank0_messages=rank0,
         store_ops=total,
+        store_bytes=store_bytes,
         note=f"{gloo_groups} gloo group(s): N(2N+1) store ops each; {n * (n - 1) // 2} TCP "
         f"connections and {n - 1} sockets per rank each",
     )
@@ -254,26 +260,28 @@ def constants_from(measured: dict[str, Any], **overrides: float) -> Constants:
         metadata_unpickle_s_per_chunk=measured["metadata"]["metadata_unpickle_s_per_chunk"],
         manifest_bytes_per_file=measured["manifest"]["manifest_bytes_per_file"],
         manifest_parse_s_per_file=measured["manifest"]["manifest_parse_s_per_file"],
+        gloo_address_bytes=measured["store_ops_counted"]["2"][0]["default_group_bytes"]["set"],
         **overrides,
     )
 
 
 def table(recoveries: list[Recovery]) -> str:
     lines = [
-        "| ranks | phase | seconds | msgs via rank 0 | bytes via rank 0 | store ops "
+        "| ranks | phase | seconds | msgs via rank 0 | bytes via rank 0 | store ops | store bytes "
         "| FS metadata ops | FS bytes read | note |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in recoveries:
         for p in r.phases:
             lines.append(
                 f"| {r.ranks:,} | {p.name} | {p.seconds:,.2f} | {p.rank0_messages:,} | "
-                f"{p.rank0_bytes / 1e6:,.1f} MB | {p.store_ops:,} | {p.fs_ops:,} | "
+                f"{p.rank0_bytes / 1e6:,.1f} MB | {p.store_ops:,} | {p.store_bytes / 1e6:,.1f} MB | "
+                f"{p.fs_ops:,} | "
                 f"{p.fs_bytes / 1e9:,.1f} GB | {p.note} |"
             )
         lines.append(
             f"| {r.ranks:,} | **total** | memory {r.memory_path_s:,.1f} / disk {r.disk_path_s:,.1f} "
-            "| | | | | | memory: detect + rendezvous + replica; disk: detect + 120 s requeue + "
+            "| | | | | | | memory: detect + rendezvous + replica; disk: detect + 120 s requeue + "
             "rendezvous + DCP planning + manifest + load |"
         )
     return "\n".join(lines)
