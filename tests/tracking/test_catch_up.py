@@ -6,6 +6,7 @@ stopped and started again on the same port and store."""
 from __future__ import annotations
 
 import logging
+import socket
 import time
 
 import pytest
@@ -16,8 +17,6 @@ from toolkit.events import Event, StepRecord
 from toolkit.tracking.base import Params, TrackerSink
 from toolkit.tracking.mlflow import MlflowTracker
 from toolkit.tracking.spool import Spool, spool_path
-
-pytestmark = pytest.mark.load_tolerant  # asserts results, times nothing
 
 
 def record(step: int) -> StepRecord:
@@ -33,6 +32,14 @@ def wait_until(condition, what: str, timeout_s: float = 60) -> None:
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return True
+    return False
 
 
 def test_a_spool_is_bounded_private_and_read_back_as_records(tmp_path):
@@ -52,6 +59,10 @@ def test_a_spool_is_bounded_private_and_read_back_as_records(tmp_path):
     assert not spool.path.exists()
 
 
+# Slow, and run alone (not load_tolerant): in the shared two-worker queue it once waited 60 s
+# for steps 6-10 to reach the spool after the server was killed (CI-like run, 2026-12-05),
+# while it passed alone and beside two busy cores; another test's server on the freed port is
+# one way it can see a live server there.
 @pytest.mark.slow
 def test_records_missed_while_the_server_was_down_arrive_when_it_is_back(
     tmp_path, mlflow_server_factory, caplog
@@ -89,6 +100,7 @@ def test_records_missed_while_the_server_was_down_arrive_when_it_is_back(
         wait_until(lambda: tracker.run_id is not None and logged() == set(range(1, 6)), "1-5")
 
         server.kill()  # down: steps 6-10 wait in the spool
+        wait_until(lambda: refused(port), "the killed server's port to refuse connections")
         for step in range(6, 11):
             sink.write_step(record(step))
         wait_until(lambda: spool.count == 5, "steps 6-10 in the spool")
